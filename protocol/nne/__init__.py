@@ -1,0 +1,1 @@
+"""NNERuntimeBasicCpu model format: layer values, byte codec, numpy reference evaluator."""
