@@ -1,0 +1,194 @@
+"""Export folders (spec §5.5): atomic writes, TrainingMaterials discovery, reading an export back."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from protocol.config import session_from_files
+from protocol.replay import ReplayBuffer, ReplayLayout
+from tests.protocol.test_config import DATA, MODEL, TRAINER
+from trainer.errors import BadData, LaunchError
+from trainer.transport.files import (
+    atomic_write,
+    find_training_materials,
+    network_path,
+    read_training_materials,
+    replay_buffer_path,
+    write_network_files,
+)
+
+
+def small_data() -> dict[str, Any]:
+    """The engine-shaped data config of tests/protocol, with small Max counts."""
+    data = copy.deepcopy(DATA)
+    data["ReplayBuffers"][0]["MaxEpisodeNum"] = 3
+    data["ReplayBuffers"][0]["MaxStepNum"] = 20
+    return data
+
+
+def sample_replay(seed: int = 0) -> ReplayBuffer:
+    """2 episodes over 10 steps with the widths of ``small_data()`` (observation 22, action 6)."""
+    rng = np.random.default_rng(seed)
+    return ReplayBuffer(
+        replay_buffer_id=0,
+        episode_starts=np.array([0, 4], dtype=np.int32),
+        episode_lengths=np.array([4, 6], dtype=np.int32),
+        observations=(rng.standard_normal((10, 22)).astype(np.float32),),
+        actions=(rng.standard_normal((10, 6)).astype(np.float32),),
+    )
+
+
+def sample_networks(seed: int = 0) -> dict[int, bytes]:
+    """Bytes of each network's MaxByteNum (the links move them without parsing)."""
+    rng = np.random.default_rng(seed)
+    return {
+        net["Id"]: rng.integers(0, 256, net["MaxByteNum"], dtype=np.uint8).tobytes()
+        for net in MODEL["Networks"]
+    }
+
+
+def write_export(folder: Path, *, skip: tuple[str, ...] = ()) -> Path:
+    """An export as the engine's FileTrainer writes it; returns ``folder``."""
+    (folder / "ReplayBuffers").mkdir(parents=True)
+    (folder / "Networks").mkdir(parents=True)
+    files: dict[str, bytes] = {
+        "trainer-config.json": json.dumps(TRAINER).encode(),
+        "ReplayBuffers/data-config.json": json.dumps(small_data()).encode(),
+        "Networks/model-config.json": json.dumps(MODEL).encode(),
+    }
+    config = session_from_files(TRAINER, small_data(), MODEL)
+    files["ReplayBuffers/replaybuffer_0.bin"] = ReplayLayout.from_config(config.replay_buffer(0)).encode_file(
+        sample_replay()
+    )
+    for nid, blob in sample_networks().items():
+        files[f"Networks/network_{nid}.bin"] = blob
+    for name, blob in files.items():
+        if name not in skip:
+            (folder / name).write_bytes(blob)
+    return folder
+
+
+# --- atomic_write ---------------------------------------------------------------------------------------
+
+
+def test_atomic_write_replaces_content_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "network_0.bin"
+    target.write_bytes(b"old")
+    atomic_write(target, b"new bytes")
+    assert target.read_bytes() == b"new bytes"
+    atomic_write(target, memoryview(bytearray(b"view")))
+    assert target.read_bytes() == b"view"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["network_0.bin"]
+
+
+def test_atomic_write_failure_keeps_the_old_file_and_removes_the_temp(tmp_path: Path) -> None:
+    target = tmp_path / "x.bin"
+    target.write_bytes(b"old")
+
+    class Unwritable:
+        """Not a buffer: the write fails after the temp file exists."""
+
+    with pytest.raises(TypeError):
+        atomic_write(target, Unwritable())  # type: ignore[arg-type]
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin"]
+
+
+def test_atomic_write_to_missing_folder_raises(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        atomic_write(tmp_path / "missing" / "x.bin", b"1")
+
+
+def test_write_network_files(tmp_path: Path) -> None:
+    write_network_files(tmp_path, {2: b"two", 0: b"zero"})
+    assert network_path(tmp_path, 0).read_bytes() == b"zero"
+    assert network_path(tmp_path, 2).read_bytes() == b"two"
+    assert sorted(p.name for p in (tmp_path / "Networks").iterdir()) == ["network_0.bin", "network_2.bin"]
+
+
+# --- discovery ------------------------------------------------------------------------------------------
+
+
+def test_find_accepts_a_stamp_folder(tmp_path: Path) -> None:
+    stamp = write_export(tmp_path / "20250101120000")
+    assert find_training_materials(stamp) == stamp
+
+
+def test_find_picks_the_newest_stamp(tmp_path: Path) -> None:
+    materials = tmp_path / "TrainingMaterials"
+    write_export(materials / "20240101120000")
+    newest = write_export(materials / "20250102030405")
+    (materials / "notes").mkdir()
+    (materials / "2025").mkdir()  # not a stamp
+    assert find_training_materials(materials) == newest
+    assert find_training_materials(tmp_path) == newest  # the IntermediatePath above it
+
+
+def test_find_without_exports_explains(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as info:
+        find_training_materials(tmp_path)
+    assert "YYYYmmddHHMMSS" in str(info.value)
+
+
+def test_find_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError):
+        find_training_materials(tmp_path / "nope")
+
+
+def test_find_lists_every_missing_part(tmp_path: Path) -> None:
+    stamp = write_export(
+        tmp_path / "20250101120000",
+        skip=(
+            "trainer-config.json",
+            "Networks/network_0.bin",
+            "Networks/network_1.bin",
+            "Networks/network_2.bin",
+        ),
+    )
+    with pytest.raises(LaunchError) as info:
+        find_training_materials(stamp)
+    message = str(info.value)
+    assert "trainer-config.json" in message
+    assert "Networks/network_<id>.bin" in message
+    assert "data-config.json" not in message
+
+
+# --- reading --------------------------------------------------------------------------------------------
+
+
+def test_read_training_materials_round_trip(tmp_path: Path) -> None:
+    stamp = write_export(tmp_path / "20250101120000")
+    materials = read_training_materials(stamp)
+    config, networks, replay_buffers = materials  # a named tuple unpacks like the plain one
+    assert config == session_from_files(TRAINER, small_data(), MODEL)
+    assert networks == sample_networks()
+    (rb,) = replay_buffers
+    expected = sample_replay()
+    np.testing.assert_array_equal(rb.episode_starts, expected.episode_starts)
+    np.testing.assert_array_equal(rb.episode_lengths, expected.episode_lengths)
+    np.testing.assert_array_equal(rb.observations[0], expected.observations[0])
+    np.testing.assert_array_equal(rb.actions[0], expected.actions[0])
+    assert rb.observations[0].flags.writeable
+
+
+def test_network_file_of_the_wrong_size_is_bad_data(tmp_path: Path) -> None:
+    stamp = write_export(tmp_path / "20250101120000")
+    with open(network_path(stamp, 1), "ab") as handle:
+        handle.write(b"\0")
+    with pytest.raises(BadData) as info:
+        read_training_materials(stamp)
+    assert "network 1" in str(info.value) and "1601" in str(info.value)
+
+
+def test_missing_replay_file_is_a_launch_error(tmp_path: Path) -> None:
+    stamp = write_export(tmp_path / "20250101120000")
+    os.unlink(replay_buffer_path(stamp, 0))
+    with pytest.raises(LaunchError):
+        read_training_materials(stamp)

@@ -1,0 +1,99 @@
+"""One polling loop for every wait on the engine: timeout, peer liveness, stop, keep-alive hooks.
+
+The engine polls its control block every 1 ms (spec §2.4) and answers a socket within a tick, so most
+of our waits end within a few milliseconds. The loop therefore spins (yielding the CPU with
+``sleep(0)``) for a short while before falling back to ``poll_interval`` sleeps: hand-offs that are
+already under way cost microseconds, and a long wait (the user still has to start the game) costs one
+wake-up per ``poll_interval``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from trainer.errors import Interrupted, PeerGone, TrainerError, WaitTimeout
+from trainer.exitcodes import ExitCode
+
+__all__ = ["SPIN_SECONDS", "StopRequested", "wait_until"]
+
+T = TypeVar("T")
+
+SPIN_SECONDS = 0.002
+"""How long a wait yields without sleeping before it sleeps ``poll_interval`` between polls (seconds)."""
+
+
+class StopRequested(TrainerError):
+    """The engine asked the trainer to stop (control [6] or socket byte 6) while we were waiting.
+
+    Not a failure: the engine ends training this way (``EndTraining``, spec §2.4, §3), so it maps to
+    exit code 0. The caller finishes what it is doing and returns.
+    """
+
+    exit_code = ExitCode.OK
+
+
+def wait_until(
+    predicate: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    poll_interval: float,
+    peer_alive: Callable[[], bool] | None = None,
+    on_poll: Callable[[], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+    peer_check_interval: float = 0.5,
+    interrupted: Callable[[], bool] | None = None,
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value and return that value.
+
+    Args:
+        predicate: called once per poll; its first truthy result is returned.
+        timeout: seconds before :class:`WaitTimeout` (``what`` is named in the message).
+        what: a phrase completing "waiting for ...", e.g. ``"network 0 from the engine"``.
+        poll_interval: seconds slept between polls once the initial spin is over.
+        peer_alive: checked every ``peer_check_interval`` seconds (and once before timing out); a
+            ``False`` raises :class:`PeerGone`. Checked at a slower cadence because it may cost a
+            system call (``shm_open``, ``getppid``).
+        on_poll: called on every poll before the predicate (e.g. to drain a socket).
+        stop: called on every poll; ``True`` raises :class:`StopRequested`.
+        peer_check_interval: seconds between ``peer_alive`` checks.
+        interrupted: called on every poll; ``True`` (SIGINT/SIGTERM arrived) raises :class:`Interrupted`.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    spin_until = start + SPIN_SECONDS
+    next_peer_check = start + peer_check_interval
+    while True:
+        if on_poll is not None:
+            on_poll()
+        result = predicate()
+        if result:
+            return result
+        if stop is not None and stop():
+            raise StopRequested(f"the engine asked the trainer to stop while it was waiting for {what}")
+        if interrupted is not None and interrupted():
+            raise Interrupted(f"interrupted while waiting for {what}")
+        now = time.monotonic()
+        if peer_alive is not None and now >= next_peer_check:
+            _check_peer(peer_alive, what)
+            next_peer_check = now + peer_check_interval
+        if now >= deadline:
+            # A peer that vanished explains a timeout better than the timeout itself.
+            if peer_alive is not None:
+                _check_peer(peer_alive, what)
+            raise WaitTimeout(
+                f"timed out after {timeout:g} s waiting for {what}. "
+                "Check that the game is running and that it uses the same transport settings "
+                "(GUID, address, port), or raise the timeout."
+            )
+        if now < spin_until:
+            time.sleep(0)
+        else:
+            time.sleep(min(poll_interval, max(deadline - now, 0.0)))
+
+
+def _check_peer(peer_alive: Callable[[], bool], what: str) -> None:
+    if not peer_alive():
+        raise PeerGone(f"the engine went away while waiting for {what}")
