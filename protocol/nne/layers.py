@@ -320,7 +320,8 @@ class LipschiztLinear:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class CompressedLinear:
-    """Linear with uint16-quantised weights: W[i, o] = offset[i] + scale[i] · q[i, o] / 65535 [INF].
+    """Linear with uint16-quantised weights: W[i, o] = offset[i] + scale[i] · q[i, o] (engine source;
+    the scale already includes the 1/65535 step).
 
     Fields: u In; u Out; F WeightOffsets[In]; F WeightScales[In]; F Bias[Out]; uint16 Weights[In×Out].
     """
@@ -704,7 +705,8 @@ class MemoryCell:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class GRUCell:
-    """A GRU cell [INF semantics]. Input [x (InputSize) ‖ h (OutputSize)], output h' (OutputSize).
+    """A GRU cell. Input [x (InputSize) ‖ h (OutputSize)]; output [h' ‖ h'] (2·OutputSize: the engine
+    writes the new state twice, once as output and once as the next memory).
 
     Fields: u InputSize; u OutputSize; then remember, update, activation layers.
     """
@@ -726,13 +728,14 @@ class GRUCell:
 
     @property
     def output_size(self) -> int:
-        return self.output_size_
+        return 2 * self.output_size_
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class AggregateSet:
-    """Attention pooling over a masked set [INF semantics]. Input: MaxElementNum element vectors
-    followed by a MaxElementNum presence mask; output: OutputEncodingSize.
+    """Attention pooling over a masked set. Input: MaxElementNum element vectors followed by a
+    MaxElementNum presence mask; output: AttentionHeadNum·OutputEncodingSize pooled values plus one
+    element count (widths as the engine's GetInputSize/GetOutputSize compute them).
 
     Fields: u MaxElementNum; u ElementInputSize; u ElementOutputSize; u OutputEncodingSize;
     u AttentionEncodingSize; u AttentionHeadNum; then element, query, key, value layers.
@@ -767,13 +770,13 @@ class AggregateSet:
 
     @property
     def output_size(self) -> int:
-        return self.output_encoding_size
+        return self.attention_head_num * self.output_encoding_size + 1
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class AggregateOrExclusive:
-    """Exclusive-or encoder [INF semantics]. Input: all sub-vectors followed by a LayerNum one-hot;
-    output: OutputEncodingSize.
+    """Exclusive-or encoder. Input: one sub-vector slot as wide as the widest branch, followed by a
+    LayerNum one-hot; output: OutputEncodingSize followed by the one-hot (engine widths).
 
     Fields: u LayerNum; u OutputEncodingSize; U InputSizes[n]; U OutputSizes[n]; n sub-layers;
     n encoder layers.
@@ -796,17 +799,17 @@ class AggregateOrExclusive:
 
     @property
     def input_size(self) -> int:
-        return sum(self.input_sizes) + len(self.sub_layers)
+        return max(self.input_sizes, default=0) + len(self.sub_layers)
 
     @property
     def output_size(self) -> int:
-        return self.output_encoding_size
+        return self.output_encoding_size + len(self.sub_layers)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class AggregateOrInclusive:
-    """Inclusive-or attention encoder [INF semantics]. Input: all sub-vectors followed by a LayerNum
-    presence mask; output: OutputEncodingSize.
+    """Inclusive-or attention encoder. Input: all sub-vectors followed by a LayerNum presence mask;
+    output: AttentionHeadNum·OutputEncodingSize followed by the mask (engine widths).
 
     Fields: u LayerNum; u OutputEncodingSize; u AttentionEncodingSize; u AttentionHeadNum;
     U InputSizes[n]; U OutputSizes[n]; n sub-layers; n query; n key; n value layers.
@@ -841,7 +844,7 @@ class AggregateOrInclusive:
 
     @property
     def output_size(self) -> int:
-        return self.output_encoding_size
+        return self.attention_head_num * self.output_encoding_size + len(self.sub_layers)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -912,10 +915,11 @@ class FiLM:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Conv1d:
-    """1-D convolution over a channels-last [InputLength, InChannels] input, then ``layer`` [INF layout].
+    """``layer`` first, then a 1-D convolution of its output read channel-major [InChannels][InputLength]
+    (engine source); output channel-major [OutChannels][OutputLength].
 
     Fields: u InputLength; u InChannels; u OutChannels; u KernelSize; u Padding; u PaddingMode;
-    F Weights[K·In·Out]; F Bias[Out]; then 1 layer.
+    F Weights[Out·In·K]; F Bias[Out]; then 1 layer.
     """
 
     input_length: int
@@ -924,7 +928,7 @@ class Conv1d:
     kernel_size: int
     padding: int
     padding_mode: int
-    weights: FloatArray  # (kernel_size, in_channels, out_channels)
+    weights: FloatArray  # (out_channels, in_channels, kernel_size)
     bias: FloatArray  # (out_channels,)
     layer: Layer
     type_id = LayerType.CONV1D
@@ -932,7 +936,7 @@ class Conv1d:
     def __post_init__(self) -> None:
         for name in ("input_length", "in_channels", "out_channels", "kernel_size", "padding", "padding_mode"):
             _check_size(f"Conv1d.{name}", getattr(self, name))
-        _check_array("Conv1d.weights", self.weights, (self.kernel_size, self.in_channels, self.out_channels))
+        _check_array("Conv1d.weights", self.weights, (self.out_channels, self.in_channels, self.kernel_size))
         _check_array("Conv1d.bias", self.bias, (self.out_channels,))
 
     @property
@@ -941,19 +945,20 @@ class Conv1d:
 
     @property
     def input_size(self) -> int:
-        return self.input_length * self.in_channels
+        return self.layer.input_size
 
     @property
     def output_size(self) -> int:
-        return self.layer.output_size
+        return self.out_channels * self.output_length
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Conv2d:
-    """2-D convolution over a channels-last [H, W, InChannels] input, then ``layer`` [INF layout].
+    """``layer`` first, then a 2-D convolution of its output read channel-major [InChannels][H][W]
+    (engine source); output channel-major [OutChannels][OutputHeight][OutputWidth].
 
     Fields: u InputHeight; u InputWidth; u InChannels; u OutChannels; u KernelSize; u Stride; u Padding;
-    u PaddingMode; F Weights[K·K·In·Out]; F Bias[Out]; then 1 layer.
+    u PaddingMode; F Weights[Out·In·K·K]; F Bias[Out]; then 1 layer.
     """
 
     input_height: int
@@ -964,7 +969,7 @@ class Conv2d:
     stride: int
     padding: int
     padding_mode: int
-    weights: FloatArray  # (kernel_size, kernel_size, in_channels, out_channels)
+    weights: FloatArray  # (out_channels, in_channels, kernel_size, kernel_size)
     bias: FloatArray  # (out_channels,)
     layer: Layer
     type_id = LayerType.CONV2D
@@ -984,7 +989,7 @@ class Conv2d:
         _check_array(
             "Conv2d.weights",
             self.weights,
-            (self.kernel_size, self.kernel_size, self.in_channels, self.out_channels),
+            (self.out_channels, self.in_channels, self.kernel_size, self.kernel_size),
         )
         _check_array("Conv2d.bias", self.bias, (self.out_channels,))
 
@@ -1000,11 +1005,11 @@ class Conv2d:
 
     @property
     def input_size(self) -> int:
-        return self.input_height * self.input_width * self.in_channels
+        return self.layer.input_size
 
     @property
     def output_size(self) -> int:
-        return self.layer.output_size
+        return self.out_channels * self.output_height * self.output_width
 
 
 Layer: TypeAlias = (

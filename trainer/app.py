@@ -1,0 +1,187 @@
+"""Process-level entry points: engine argv → link → training loop → exit code.
+
+This is the only place (with :mod:`trainer.cli`) that turns exceptions into exit codes and messages.
+Every failure ends with one readable paragraph on stderr and a documented code (README, "Exit codes").
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs, parse_launch_argv
+from protocol.errors import ArgvError, ProtocolError
+from trainer.errors import LaunchError, TrainerError, exit_code_for
+from trainer.exitcodes import ExitCode
+from trainer.options import TrainerOptions, load_options
+from trainer.settings import Timeouts
+
+__all__ = ["InterruptFlag", "engine_main", "open_link_for_launch", "run_with_link"]
+
+
+class InterruptFlag:
+    """Set by SIGINT/SIGTERM; the training loop polls it like the engine's Stop signal.
+
+    The first signal asks for a clean stop (finish the step, save, send, Complete); a second SIGINT
+    raises KeyboardInterrupt so a stuck process can still be killed from a terminal.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal_name = ""
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self, name: str = "request") -> None:
+        self.signal_name = name
+        self._event.set()
+
+    @contextmanager
+    def installed(self) -> Iterator[InterruptFlag]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            name = signal.Signals(signum).name
+            if self.is_set() and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            print(
+                f"la-trainer: {name} received: finishing the current step, saving and stopping.", flush=True
+            )
+            self.set(name)
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+
+def _error_paragraph(error: BaseException) -> str:
+    if isinstance(error, ArgvError):
+        return f"la-trainer: bad command line: {error}"
+    if isinstance(error, ProtocolError):
+        return f"la-trainer: {type(error).__name__}: {error}"
+    if isinstance(error, TrainerError):
+        return f"la-trainer: {error}"
+    return f"la-trainer: internal error {type(error).__name__}: {error}\n" + "".join(
+        traceback.format_exception(type(error), error, error.__traceback__)
+    )
+
+
+def run_with_link(
+    open_link: Callable[[InterruptFlag], object],
+    *,
+    options: TrainerOptions,
+    task_dir: Path | None,
+    stdout: object = None,
+) -> int:
+    """Opens the link, runs the training story, always closes the link; returns the exit code."""
+    from trainer.loop import run_training  # torch is imported here, after argv was validated
+
+    flag = InterruptFlag()
+    link = None
+    try:
+        with flag.installed():
+            link = open_link(flag)
+            result = run_training(link, options=options, task_dir=task_dir, interrupt=flag)  # type: ignore[arg-type]
+            return int(result)
+    except KeyboardInterrupt:
+        print("la-trainer: interrupted.", file=sys.stderr, flush=True)
+        return int(ExitCode.INTERRUPTED)
+    except BaseException as error:
+        print(_error_paragraph(error), file=sys.stderr, flush=True)
+        return int(exit_code_for(error))
+    finally:
+        if link is not None:
+            close = getattr(link, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as error:
+                    print(f"la-trainer: warning: cleanup failed: {error}", file=sys.stderr, flush=True)
+
+
+def open_link_for_launch(
+    args: LaunchArgs,
+    timeouts: Timeouts,
+    config_dir: Path | None = None,
+    interrupt: InterruptFlag | None = None,
+) -> object:
+    """The trainer link that the engine's launch arguments describe."""
+    mode = args.mode
+    if isinstance(mode, SharedMemoryArgs):
+        from trainer.session import ShmTrainerLink
+
+        if not mode.controls_guid:
+            raise LaunchError(
+                "SharedMemory mode needs the controls GUID: pass -g {GUID} (the engine passes it when it "
+                "spawns the trainer; for -LearningAgentsUseExternalTrainingProcess choose one and add -c)."
+            )
+        task_dir = Path(mode.task_dir)
+        if mode.make_task_dir:
+            (task_dir / "Configs").mkdir(parents=True, exist_ok=True)
+        elif not task_dir.is_dir():
+            raise LaunchError(
+                f"Task directory {task_dir} does not exist. The engine creates it before it spawns the trainer; "
+                "when launching by hand add -d to create it."
+            )
+        return ShmTrainerLink(
+            config_dir=config_dir or task_dir / "Configs",
+            controls_guid=mode.controls_guid,
+            create=mode.create_mem,
+            timeouts=timeouts,
+            interrupted=interrupt.is_set if interrupt is not None else None,
+        )
+    if isinstance(mode, SocketArgs):
+        from trainer.session import SocketTrainerLink
+
+        return SocketTrainerLink(
+            host=mode.host,
+            port=mode.port,
+            timeouts=timeouts,
+            interrupted=interrupt.is_set if interrupt is not None else None,
+        )
+    raise LaunchError(f"Unknown transport in the launch arguments: {mode!r}.")
+
+
+def engine_main(argv: Sequence[str]) -> int:
+    """``scripts/train.py``: the engine's command line, verbatim (spec §1.2-1.4)."""
+    try:
+        args = parse_launch_argv(list(argv))
+    except ArgvError as error:
+        print(_error_paragraph(error), file=sys.stderr, flush=True)
+        return int(ExitCode.USAGE)
+    task_dir: Path | None
+    if isinstance(args.mode, SharedMemoryArgs):
+        task_dir = Path(args.mode.task_dir)
+    else:
+        # Socket mode has no task directory: snapshots and the status file go to
+        # <temp_directory>/<TaskName> (the engine passes its Intermediate/LearningCore as temp dir).
+        task_dir = Path(args.mode.temp_directory) / args.task_name if args.mode.temp_directory else None
+        if task_dir is not None:
+            try:
+                task_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                print(f"la-trainer: cannot create {task_dir}: {error}", file=sys.stderr, flush=True)
+                return int(ExitCode.USAGE)
+    try:
+        options = load_options(task_dir if task_dir is not None and task_dir.is_dir() else None)
+    except LaunchError as error:
+        print(_error_paragraph(error), file=sys.stderr, flush=True)
+        return int(ExitCode.USAGE)
+    timeouts = Timeouts.from_env()
+    return run_with_link(
+        lambda flag: open_link_for_launch(args, timeouts, interrupt=flag),
+        options=options,
+        task_dir=task_dir,
+    )
