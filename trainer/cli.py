@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -86,7 +86,52 @@ def _exit(code: int) -> None:
     sys.exit(int(code))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "LA_TRAINER"})
+class _LazyGroup(click.Group):
+    """Subcommands defined in other modules, imported only when used, so ``la-trainer --help`` stays
+    fast (no torch or matplotlib import just to list commands)."""
+
+    lazy: ClassVar[dict[str, tuple[str, str, str]]] = {
+        "bench": ("trainer.bench", "bench_command", "Measure training, ingest, startup and sync speed."),
+        "demo": (
+            "trainer.demo",
+            "demo_command",
+            "The whole loop on the built-in game emulator, with a report.",
+        ),
+        "record": ("trainer.record_cli", "record_command", "Train from .record files and a recorder schema."),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            import importlib
+
+            module_name, attribute, _ = self.lazy[cmd_name]
+            command = getattr(importlib.import_module(module_name), attribute)
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{module_name}.{attribute} is not a click command")
+            return command
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy:
+                rows.append((name, self.lazy[name][2]))
+            else:
+                command = super().get_command(ctx, name)
+                if command is not None and not command.hidden:
+                    rows.append((name, command.get_short_help_str(limit=formatter.width - 6 - len(name))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "LA_TRAINER"},
+)
 @click.version_option(__version__, "--version", prog_name="la-trainer")
 def main() -> None:
     """Flow-matching trainer for Unreal Engine Learning Agents.
@@ -167,7 +212,9 @@ def shm_command(
     timeouts = Timeouts.from_env()
     _exit(
         run_with_link(
-            lambda flag: open_link_for_launch(args, timeouts, config_dir, flag), options=options, task_dir=task_dir
+            lambda flag: open_link_for_launch(args, timeouts, config_dir, flag),
+            options=options,
+            task_dir=task_dir,
         )
     )
 

@@ -162,7 +162,7 @@ def run_training(
         _banner(device, threads)
         job = TrainingJob.create(config, received, replay, options=options, device=device)
     total = job.total_iterations
-    reporter.total = total
+    reporter.start(total, job.start_iteration)
     log(
         f"la-trainer: training {total} iterations on {job.sample_num} samples "
         f"(observation {job.observation_dim}, action {job.action_dim}, chunk {settings.action_chunk_size})"

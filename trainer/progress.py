@@ -96,12 +96,18 @@ class ProgressReporter:
         self.tty = self.stream.isatty() if tty is None else tty
         self.status_path = status_path
         self.label = label
-        self.start = time.perf_counter()
-        self._last = self.start
+        self.started = time.perf_counter()
+        self._last = self.started
         self._last_iteration = 0
         self._rate = 0.0
         self.syncs = 0
         self.loss_history: list[tuple[int, float]] = []
+
+    def start(self, total: int, first_iteration: int = 0) -> None:
+        """Training begins now: rates and ETA count from here, not from process start."""
+        self.total = total
+        self.started = self._last = time.perf_counter()
+        self._last_iteration = first_iteration
 
     def phase(self, phase: str, message: str = "") -> None:
         """Records a phase change (waiting for config, receiving networks...) in the status file."""

@@ -84,6 +84,9 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryv
     directory = target.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
+        # mkstemp creates 0600; the engine and users expect ordinary files (0666 minus the umask).
+        if os.name != "nt":
+            os.fchmod(fd, 0o666 & ~_current_umask())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -94,6 +97,13 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryv
             os.unlink(tmp_name)
         raise
     _fsync_directory(directory)
+
+
+def _current_umask() -> int:
+    # os.umask can only be read by setting it; set it back at once (single-threaded start-up cost only).
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_directory(directory: Path) -> None:
