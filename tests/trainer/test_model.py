@@ -1,0 +1,365 @@
+"""The training model's key fact: the exported networks, run the engine's way (numpy reference: encoder →
+Euler from N(0, I) → decoder, spec §6.4), give the actions of the torch model's own sampler, for every
+normalisation placement, chunk size and a schema with And/Array/Encoding/Continuous/Discrete leaves at
+non-unit raw scales (observations ~ 100 + 50·N, actions ~ −3 + 7·N)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from protocol.nne.codec import structure_key, write_model
+from protocol.nne.layers import ELU, Array, Concat, Copy, Denormalize, Layer, Sequence
+from protocol.nne.reference import evaluate
+from protocol.schema import SchemaNode, parse_schema
+from trainer.data import TrainingData
+from trainer.emulator.networks import build_decoder, build_denoiser, build_encoder
+from trainer.errors import BadData, Unsupported
+from trainer.flow import TimeDistribution
+from trainer.model import FlowModel, ModelSettings
+from trainer.step import BatchSampler, make_optimizer, train_step
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """These networks are tiny: one intra-op thread is faster, and on a shared 2-core machine a second
+    spinning thread makes them many times slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fixtures shared with test_step.py
+
+
+def cont(num: int, mode: str, index: int | None = None, role: str = "observation") -> dict[str, Any]:
+    node: dict[str, Any] = {
+        "Type": "Continuous",
+        "VectorSize": num,
+        "EncodedSize": num,
+        "Num": num,
+        "Normalization": mode,
+    }
+    if role == "action":
+        node.update(EncodedSize=2 * num, DistributionSize=2 * num, ModifierSize=1 + 2 * num)
+    if index is not None:
+        node["Index"] = index
+    return node
+
+
+OBS_SCHEMA: SchemaNode = parse_schema(
+    {
+        "Type": "And",
+        "VectorSize": 17,
+        "EncodedSize": 19,
+        "Elements": {
+            "pos": cont(2, "AutoPerDimension", 0),
+            "items": {
+                "Type": "Array",
+                "VectorSize": 6,
+                "EncodedSize": 6,
+                "Num": 3,
+                "Element": cont(2, "AutoShared"),
+                "Index": 1,
+            },
+            "kind": {"Type": "DiscreteExclusive", "VectorSize": 3, "EncodedSize": 3, "Num": 3, "Index": 2},
+            "gain": cont(3, "AutoDimensionAverage", 3),
+            "raw": cont(1, "Manual", 4),
+            "enc": {
+                "Type": "Encoding",
+                "VectorSize": 2,
+                "EncodedSize": 4,
+                "EncodingSize": 4,
+                "Element": cont(2, "AutoPerDimension"),
+                "Index": 5,
+            },
+        },
+    },
+    "observation",
+)
+OBS_WIDTH = 17
+ACTION_SCHEMA: SchemaNode = parse_schema(
+    {
+        "Type": "And",
+        "VectorSize": 3,
+        "EncodedSize": 6,
+        "DistributionSize": 6,
+        "ModifierSize": 9,
+        "Elements": {
+            "move": cont(2, "AutoPerDimension", 0, "action"),
+            "turn": cont(1, "AutoShared", 1, "action"),
+        },
+    },
+    "action",
+)
+ACTION_WIDTH = 3
+DISCRETE = slice(8, 11)
+
+
+def make_replay(seed: int = 0, steps: int = 240) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, lengths, observations (S, 17), actions (S, 3)) with a zero-length, a 1-step and a gap."""
+    rng = np.random.default_rng(seed)
+    obs = (100.0 + 50.0 * rng.standard_normal((steps, OBS_WIDTH))).astype(np.float32)
+    obs[:, DISCRETE] = np.eye(3, dtype=np.float32)[rng.integers(0, 3, steps)]
+    signal = np.tanh((obs[:, [0, 1, 12]] - 100.0) / 50.0)
+    actions = (-3.0 + 7.0 * (0.7 * signal + 0.3 * rng.standard_normal((steps, ACTION_WIDTH)))).astype(
+        np.float32
+    )
+    lengths = [60, 0, 1, 37, 80, 52]
+    starts = [0, 60, 60, 63, 100, 180]  # steps 61-62 in no episode
+    assert starts[-1] + lengths[-1] <= steps
+    return np.array(starts), np.array(lengths), obs, actions
+
+
+def make_networks(chunk: int, hidden: int = 32, seed: int = 0) -> tuple[Layer, Layer, Layer]:
+    """(denoiser, encoder, decoder) as the engine builds them (trainer.emulator.networks)."""
+    encoder = build_encoder(OBS_SCHEMA, np.random.default_rng(seed))
+    decoder = build_decoder(ACTION_SCHEMA, chunk)
+    denoiser = build_denoiser(
+        encoder.output_size, decoder.input_size, 1, hidden, "ELU", np.random.default_rng(seed + 1)
+    )
+    return denoiser, encoder, decoder
+
+
+def make_model(
+    embed: bool,
+    latents: bool,
+    chunk: int,
+    ema: float = 0.0,
+    networks: tuple[Layer, Layer, Layer] | None = None,
+) -> tuple[FlowModel, TrainingData]:
+    starts, lengths, obs, actions = make_replay()
+    data = TrainingData.from_arrays(starts, lengths, obs, actions, chunk)
+    denoiser, encoder, decoder = networks or make_networks(chunk)
+    settings = ModelSettings(
+        embed_normalizations=embed, normalize_latents=latents, chunk_size=chunk, ema_decay=ema
+    )
+    return FlowModel.from_networks(
+        denoiser, encoder, decoder, OBS_SCHEMA, ACTION_SCHEMA, settings, data
+    ), data
+
+
+def train(
+    model: FlowModel, data: TrainingData, steps: int, seed: int = 0, lr: float = 3e-3, noise: float = 0.0
+) -> list[float]:
+    generator = torch.Generator().manual_seed(seed)
+    sampler = BatchSampler(model.tensor_data(data), 64, generator)
+    optimizer = make_optimizer(model, lr, 1e-4)
+    return [
+        train_step(model, optimizer, sampler.next(), generator, TimeDistribution.uniform(), noise, i).loss
+        for i in range(steps)
+    ]
+
+
+def engine_actions(
+    denoiser: Layer, encoder: Layer, decoder: Layer, obs: np.ndarray, x0: np.ndarray, steps: int
+) -> np.ndarray:
+    """Spec §6.4 with the numpy reference: e = Encoder(obs); x ← x + dt·Denoiser([e ‖ x ‖ t]); Decoder(x)."""
+    e = evaluate(encoder, obs)
+    x = x0.astype(np.float32)
+    dt = np.float32(1.0 / steps)
+    for k in range(steps):
+        t = np.full((obs.shape[0], 1), np.float32(k) * dt, dtype=np.float32)
+        x = (x + dt * evaluate(denoiser, np.hstack([e, x, t]))).astype(np.float32)
+    return evaluate(decoder, x)
+
+
+# --------------------------------------------------------------------------------------------------
+# The key test
+
+
+@pytest.mark.parametrize(
+    ("embed", "latents", "chunk"), list(itertools.product([False, True], [False, True], [1, 3]))
+)
+def test_exported_networks_on_the_engine_path_match_the_torch_sampler(
+    embed: bool, latents: bool, chunk: int
+) -> None:
+    received = make_networks(chunk)
+    model, data = make_model(embed, latents, chunk, ema=0.9 if latents else 0.0, networks=received)
+    train(model, data, 25, noise=0.1 if embed else 0.0)
+    exported = model.export()
+
+    rng = np.random.default_rng(99)
+    obs = data.observations[rng.integers(0, data.row_num, 48)]
+    x0 = rng.standard_normal((48, ACTION_WIDTH * chunk)).astype(np.float32)
+    for steps in (1, 3, 8):
+        expected = model.sample(torch.from_numpy(obs), torch.from_numpy(x0), steps).numpy()
+        actual = engine_actions(*exported, obs, x0, steps)
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-4)
+    assert np.abs(expected).max() > 1.0  # raw action units, not normalised ones
+
+    # Same structure and byte size as received (spec §6.1); Embed false sends encoder/decoder back as received.
+    for sent, got in zip(exported, received, strict=True):
+        assert structure_key(sent) == structure_key(got)
+        assert len(write_model(sent)) == len(write_model(got))
+    placement = model.placement
+    if not embed:
+        assert exported.encoder is received[1] and exported.decoder is received[2]
+        assert (placement.observations, placement.actions) == ("denoiser", "denoiser")
+        assert placement.latents_standardized and not placement.encoder_trained
+    else:
+        assert (placement.observations, placement.actions) == ("encoder", "decoder")
+        assert placement.latents_standardized == latents
+        assert placement.encoder_trained  # the Encoding element holds Linear layers
+        assert write_model(exported.encoder) != write_model(received[1])
+    assert placement.notes == ()
+
+
+def test_embed_true_puts_the_statistics_in_the_encoder_and_decoder_leaves() -> None:
+    model, data = make_model(True, False, 1)
+    exported = model.export()
+    encoder, decoder = exported.encoder, exported.decoder
+    assert isinstance(encoder, Concat) and isinstance(decoder, Concat)
+    pos = encoder.layers[0]
+    assert isinstance(pos, Denormalize)
+    mu, sigma = data.observations[:, :2].mean(0), data.observations[:, :2].std(0)
+    np.testing.assert_allclose(pos.mean, -mu / sigma, rtol=1e-4)
+    np.testing.assert_allclose(pos.std, 1 / sigma, rtol=1e-4)
+    move = decoder.layers[0]
+    assert isinstance(move, Denormalize)
+    np.testing.assert_allclose(move.mean, data.step_actions[:, :2].mean(0), rtol=1e-4)
+    np.testing.assert_allclose(move.std, data.step_actions[:, :2].std(0), rtol=1e-4)
+    # the denoiser trains in normalised action space: x1 has zero mean and unit std (chunk 1)
+    x1 = model.tensor_data(data).x1.double()
+    torch.testing.assert_close(x1.mean(0), torch.zeros(3, dtype=torch.float64), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        x1.std(0, unbiased=False), torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-5
+    )
+
+
+def test_embed_false_standardises_latents_x_and_velocity_in_the_denoiser() -> None:
+    model, data = make_model(False, False, 1)
+    z = model.encode(torch.from_numpy(data.observations)).double()
+    # every latent column has mean 0 and std 1 (constant ones keep std 1, none here)
+    torch.testing.assert_close(z.mean(0), torch.zeros(19, dtype=torch.float64), rtol=0, atol=1e-4)
+    torch.testing.assert_close(
+        z.std(0, unbiased=False), torch.ones(19, dtype=torch.float64), rtol=0, atol=1e-4
+    )
+    x1 = data.targets.astype(np.float64)  # decoder is identity: x1 = raw actions
+    mu, var = x1.mean(0), x1.var(0)
+    np.testing.assert_allclose(model.v_mean.numpy(), mu, rtol=1e-5)
+    np.testing.assert_allclose(model.v_std.numpy(), np.sqrt(var + 1), rtol=1e-5)
+    np.testing.assert_allclose(model.x_mean.numpy(), mu / 2, rtol=1e-5)
+    np.testing.assert_allclose(model.x_std.numpy(), np.sqrt(1 / 3 + var / 3 + mu**2 / 12), rtol=1e-5)
+
+
+def test_reimporting_an_export_continues_from_the_same_function() -> None:
+    model, data = make_model(False, False, 1)
+    train(model, data, 20)
+    first = model.export()
+    again, _ = make_model(False, False, 1, networks=(first.denoiser, first.encoder, first.decoder))
+    assert any("un-folded" in note for note in again.placement.notes)
+    second = again.export()
+    rng = np.random.default_rng(5)
+    e = evaluate(first.encoder, data.observations[:32])
+    x = np.hstack([e, rng.standard_normal((32, 3)) * 7 - 3, rng.random((32, 1))]).astype(np.float32)
+    np.testing.assert_allclose(
+        evaluate(second.denoiser, x), evaluate(first.denoiser, x), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_layout_fallbacks_fold_into_the_denoiser_and_still_match_the_engine_path() -> None:
+    denoiser, encoder, _ = make_networks(1)
+    odd_encoder = Sequence((encoder, Copy(19)))  # not the schema's tree: cannot take the statistics
+    odd_decoder = Sequence((Denormalize(3, np.zeros(3, np.float32), np.full(3, 2.0, np.float32)),))
+    model, data = make_model(True, True, 1, networks=(denoiser, odd_encoder, odd_decoder))
+    assert (model.placement.observations, model.placement.actions) == ("denoiser", "denoiser")
+    assert len(model.placement.notes) == 2
+    train(model, data, 10)
+    exported = model.export()
+    obs, x0 = data.observations[:16], np.random.default_rng(2).standard_normal((16, 3)).astype(np.float32)
+    expected = model.sample(torch.from_numpy(obs), torch.from_numpy(x0), 4).numpy()
+    np.testing.assert_allclose(engine_actions(*exported, obs, x0, 4), expected, rtol=1e-5, atol=1e-4)
+    # the decoder's own scale (2) is inverted for the targets
+    torch.testing.assert_close(model.tensor_data(data).x1, torch.from_numpy(data.targets / 2.0))
+
+
+def test_embed_without_auto_leaves_writes_nothing_and_says_so() -> None:
+    obs_schema = parse_schema(cont(2, "Manual"), "observation")
+    action_schema = parse_schema(cont(1, "Manual", role="action"), "action")
+    rng = np.random.default_rng(0)
+    data = TrainingData.from_arrays(
+        [0],
+        [50],
+        rng.standard_normal((50, 2)).astype(np.float32),
+        rng.standard_normal((50, 1)).astype(np.float32),
+        1,
+    )
+    encoder = build_encoder(obs_schema, rng)
+    decoder = build_decoder(action_schema, 1)
+    denoiser = build_denoiser(2, 1, 0, 8, "ReLU", rng)
+    model = FlowModel.from_networks(
+        denoiser, encoder, decoder, obs_schema, action_schema, ModelSettings(embed_normalizations=True), data
+    )
+    assert len(model.placement.notes) == 2 and "§10 item 5" in model.placement.notes[0]
+    exported = model.export()
+    assert write_model(exported.encoder) == write_model(encoder)
+    assert write_model(exported.decoder) == write_model(decoder)
+
+
+def test_a_decoder_that_is_not_elementwise_affine_is_unsupported() -> None:
+    denoiser, encoder, _ = make_networks(1)
+    ident = Denormalize(3, np.zeros(3, np.float32), np.ones(3, np.float32))
+    affine_decoder = Sequence((Copy(3), Array(1, 3, 3, Sequence((ident,)))))
+    model, _ = make_model(False, False, 1, networks=(denoiser, encoder, affine_decoder))
+    assert model.placement.actions == "denoiser"
+    with pytest.raises(Unsupported, match="contains a ELU"):
+        make_model(False, False, 1, networks=(denoiser, encoder, Sequence((Copy(3), ELU(3)))))
+
+
+def test_network_widths_that_do_not_fit_the_data_are_bad_data() -> None:
+    denoiser, encoder, decoder = make_networks(1)
+    with pytest.raises(BadData, match="denoiser"):
+        make_model(False, False, 1, networks=(make_networks(3)[0], encoder, decoder))
+    with pytest.raises(BadData, match="decoder"):
+        make_model(False, False, 1, networks=(denoiser, encoder, make_networks(3)[2]))
+
+
+def test_ema_warm_up_and_export_choice() -> None:
+    model, data = make_model(True, False, 1, ema=0.99)
+    assert model.ema_denoiser is not None and model.ema_encoder is not None
+    before = [p.detach().clone() for p in model.denoiser.parameters()]
+    train(model, data, 1)
+    # first update: decay min(0.99, 1/10) = 0.1, so ema = 0.1·init + 0.9·live
+    for init, param, ema in zip(
+        before, model.denoiser.parameters(), model.ema_denoiser.parameters(), strict=True
+    ):
+        torch.testing.assert_close(ema, 0.1 * init + 0.9 * param.detach(), rtol=0, atol=1e-6)
+    train(model, data, 5)
+    assert int(model.ema_updates) == 6
+    live = model.export(use_ema=False).denoiser
+    averaged = model.export().denoiser
+    assert write_model(live) != write_model(averaged)
+    # the count survives a state_dict round trip (checkpoints)
+    clone, _ = make_model(True, False, 1, ema=0.99)
+    clone.load_state_dict(model.state_dict())
+    assert clone._ema_count == 6
+    assert write_model(clone.export().denoiser) == write_model(averaged)
+
+
+def test_model_settings_validation_and_from_session() -> None:
+    with pytest.raises(ValueError):
+        ModelSettings(chunk_size=0)
+    with pytest.raises(ValueError):
+        ModelSettings(ema_decay=1.0)
+
+    class Training:
+        normalize_latents = True
+
+    class Trainer:
+        embed_normalizations_in_weights = True
+        training = Training()
+
+    class Session:
+        trainer = Trainer()
+        action_chunk_size = 4
+
+    settings = ModelSettings.from_session(Session(), ema_decay=0.5)  # type: ignore[arg-type]
+    assert settings == ModelSettings(True, True, 4, 0.5)

@@ -1,0 +1,213 @@
+"""Flow-matching maths, stateless: time sampling, the probability path, the Euler sampler, the loss.
+
+Time convention (written once, here; every other module follows it):
+
+* ``t = 0`` is noise ``x0 ~ N(0, I)``, ``t = 1`` is data ``x1`` (a normalised action chunk).
+* Path: ``x_t = (1 − t)·x0 + t·x1``; target velocity ``u = x1 − x0`` (constant along the path);
+  loss = mean squared error between the predicted velocity and ``u`` (rectified flow / conditional
+  flow matching with the linear path).
+* Sampling: explicit Euler from ``x ~ N(0, I)`` with ``N`` steps, ``x ← x + v(x, t)/N`` at
+  ``t = k/N`` for ``k = 0 … N−1``, which is exactly how the engine integrates (spec §6.4: dt = 1/N,
+  t = k·dt, input [encoded obs ‖ x ‖ t]). The convention is not a free choice: the engine's sampler
+  fixes it, so a network trained the other way round would be integrated backwards.
+
+Shapes: ``B`` batch, ``A`` denoiser action width (see :mod:`trainer.data`); ``t`` is ``(B, 1)`` so
+that it broadcasts over the action dims and concatenates as the denoiser's last input column.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, TypeAlias, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import Tensor
+
+__all__ = [
+    "TIME_KINDS",
+    "PathSample",
+    "TimeDistribution",
+    "TimeKind",
+    "euler_integrate",
+    "flow_matching_loss",
+    "interpolate",
+]
+
+TimeKind: TypeAlias = Literal["uniform", "beta", "logit_normal", "power"]
+TIME_KINDS: tuple[TimeKind, ...] = ("uniform", "beta", "logit_normal", "power")
+
+_GAMMA_CANDIDATES = 8
+"""Marsaglia–Tsang proposals drawn per gamma sample. Each is accepted with probability ≥ 0.95 (shape
+≥ 1), so all 8 fail with probability < 1e-10; such a sample falls back to the distribution's mode
+region (d = shape − 1/3). Drawing a fixed number keeps the sampler free of data-dependent loops and
+host syncs, and every draw comes from the caller's generator (torch's own Beta ignores generators)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimeDistribution:
+    """Distribution of the training time ``t ∈ [0, 1]`` (0 = noise, 1 = data).
+
+    ``kind`` and the meaning of ``a``/``b``:
+
+    * ``"uniform"``: U[0, 1) (``a``, ``b`` unused). The default and what the engine's sampler grid
+      implies when nothing else is known (spec §6.4 [INF]).
+    * ``"beta"``: Beta(a, b); mean a/(a + b). ``a > b`` skews toward data.
+    * ``"logit_normal"``: sigmoid(a + b·N(0, 1)) (location ``a``, scale ``b > 0``); concentrates on
+      mid times as in SD3; ``a > 0`` skews toward data.
+    * ``"power"``: U^a with exponent ``a > 0``; mean 1/(1 + a). ``a > 1`` skews toward noise
+      (t near 0, where the coarse first Euler steps happen), ``a < 1`` toward data.
+
+    Use the constructors (:meth:`uniform`, :meth:`beta`, :meth:`logit_normal`, :meth:`power`) or
+    :meth:`parse` (``"beta:1.5,1"``) rather than positional ``a``/``b``.
+    """
+
+    kind: TimeKind = "uniform"
+    a: float = 1.0
+    b: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in TIME_KINDS:
+            raise ValueError(
+                f"time distribution kind must be one of {', '.join(TIME_KINDS)}, got {self.kind!r}"
+            )
+        for name in ("a", "b"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"time distribution parameter {name} must be a finite number, got {value!r}")
+        if self.kind == "beta" and (self.a <= 0 or self.b <= 0):
+            raise ValueError(f"Beta(a, b) needs a > 0 and b > 0, got a={self.a}, b={self.b}")
+        if self.kind == "logit_normal" and self.b <= 0:
+            raise ValueError(f"the logit-normal scale b must be > 0, got {self.b}")
+        if self.kind == "power" and self.a <= 0:
+            raise ValueError(f"the power exponent a must be > 0, got {self.a}")
+
+    @classmethod
+    def uniform(cls) -> TimeDistribution:
+        return cls("uniform")
+
+    @classmethod
+    def beta(cls, alpha: float, beta: float) -> TimeDistribution:
+        return cls("beta", alpha, beta)
+
+    @classmethod
+    def logit_normal(cls, loc: float = 0.0, scale: float = 1.0) -> TimeDistribution:
+        return cls("logit_normal", loc, scale)
+
+    @classmethod
+    def power(cls, exponent: float) -> TimeDistribution:
+        return cls("power", exponent)
+
+    @classmethod
+    def parse(cls, text: str) -> TimeDistribution:
+        """``"uniform"``, ``"beta:A,B"``, ``"logit_normal[:LOC,SCALE]"`` (default 0, 1), ``"power:EXPONENT"``."""
+        kind, _, rest = text.strip().partition(":")
+        if kind not in TIME_KINDS:
+            raise ValueError(f"time distribution {text!r}: kind must be one of {', '.join(TIME_KINDS)}")
+        try:
+            values = [float(v) for v in rest.split(",")] if rest.strip() else []
+        except ValueError:
+            raise ValueError(f"time distribution {text!r}: parameters must be numbers") from None
+        if kind == "logit_normal" and not values:
+            return cls.logit_normal()
+        wanted = {"uniform": 0, "beta": 2, "logit_normal": 2, "power": 1}[kind]
+        if len(values) != wanted:
+            raise ValueError(f"time distribution {text!r}: {kind} takes {wanted} parameter(s)")
+        return cls(kind, *values)
+
+    def sample(
+        self,
+        n: int,
+        generator: torch.Generator,
+        device: torch.device | str,
+        dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
+        """``n`` times as an ``(n, 1)`` tensor in [0, 1], drawn only from ``generator`` (which must live on
+        ``device``), so a seeded generator reproduces the sequence bit for bit."""
+        shape = (n, 1)
+        if self.kind == "uniform":
+            return torch.rand(shape, generator=generator, device=device, dtype=dtype)
+        if self.kind == "power":
+            return torch.rand(shape, generator=generator, device=device, dtype=dtype).pow_(self.a)
+        if self.kind == "logit_normal":
+            z = torch.randn(shape, generator=generator, device=device, dtype=dtype)
+            return torch.sigmoid(z.mul_(self.b).add_(self.a))
+        # Beta(a, b) = X / (X + Y) with X ~ Gamma(a), Y ~ Gamma(b); float64 so that tiny shapes
+        # (whose gamma samples underflow float32) still give a finite ratio.
+        x = _sample_gamma(self.a, n, generator, device)
+        y = _sample_gamma(self.b, n, generator, device)
+        t = x / (x + y).clamp_min(torch.finfo(torch.float64).tiny)
+        return t.clamp_(0.0, 1.0).to(dtype).reshape(shape)
+
+
+def _sample_gamma(shape: float, n: int, generator: torch.Generator, device: torch.device | str) -> Tensor:
+    """``n`` samples of Gamma(shape, 1) in float64 (Marsaglia & Tsang 2000, vectorised; shapes < 1 use
+    the boost Gamma(s) = Gamma(s + 1)·U^(1/s))."""
+    boosted = shape < 1.0
+    s = shape + 1.0 if boosted else shape
+    d = s - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
+    z = torch.randn((n, _GAMMA_CANDIDATES), generator=generator, device=device, dtype=torch.float64)
+    u = torch.rand((n, _GAMMA_CANDIDATES), generator=generator, device=device, dtype=torch.float64)
+    v = (1.0 + c * z) ** 3
+    positive = v > 0
+    log_v = torch.log(torch.where(positive, v, torch.ones_like(v)))
+    accepted = positive & (torch.log(u) < 0.5 * z * z + d - d * v + d * log_v)
+    first = accepted.to(torch.uint8).argmax(dim=1, keepdim=True)  # index of the first accepted proposal
+    g = d * v.gather(1, first).squeeze(1)
+    g = torch.where(accepted.any(dim=1), g, torch.full_like(g, d))
+    if boosted:
+        b = torch.rand((n,), generator=generator, device=device, dtype=torch.float64)
+        g = g * b.pow(1.0 / shape)
+    return g
+
+
+class PathSample(NamedTuple):
+    """A point on the linear path and the velocity to regress onto, both ``(B, A)``."""
+
+    x_t: Tensor
+    target: Tensor
+
+
+def interpolate(x0: Tensor, x1: Tensor, t: Tensor) -> PathSample:
+    """``x_t = (1 − t)·x0 + t·x1`` and ``target = x1 − x0``.
+
+    ``x0`` (noise) and ``x1`` (data) are ``(B, A)``, ``t`` is ``(B, 1)``.
+    """
+    if x0.shape != x1.shape or x0.dim() != 2:
+        raise ValueError(f"x0 and x1 must both be (B, A); got {tuple(x0.shape)} and {tuple(x1.shape)}")
+    if t.shape != (x0.shape[0], 1):
+        raise ValueError(f"t must be (B, 1) = ({x0.shape[0]}, 1); got {tuple(t.shape)}")
+    # x0 + t·(x1 − x0) is the same line with one fewer multiply, and reuses the target.
+    target = x1 - x0
+    return PathSample(x_t=torch.addcmul(x0, t, target), target=target)
+
+
+Vector = TypeVar("Vector", Tensor, npt.NDArray[np.float32])
+
+
+def euler_integrate(velocity_fn: Callable[[Vector, float], Vector], x0: Vector, steps: int) -> Vector:
+    """Integrate ``dx/dt = velocity_fn(x, t)`` from ``t = 0`` (``x0``, noise) to ``t = 1`` with ``steps``
+    explicit Euler steps, exactly as the engine does (spec §6.4): ``dt = 1/steps``, ``t = k·dt``,
+    ``x ← x + dt·v``.
+
+    ``velocity_fn`` receives the current ``x`` (same type and shape as ``x0``: a torch tensor or a
+    float32 numpy array, ``(B, A)``) and ``t`` as a Python float, and returns ``v`` like ``x``.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    dt = 1.0 / steps
+    x = x0
+    for k in range(steps):
+        x = x + dt * velocity_fn(x, k * dt)
+    return x
+
+
+def flow_matching_loss(pred: Tensor, target: Tensor) -> Tensor:
+    """Mean squared error over every element of ``(B, A)``: a scalar tensor."""
+    if pred.shape != target.shape:
+        raise ValueError(f"pred and target shapes differ: {tuple(pred.shape)} vs {tuple(target.shape)}")
+    return torch.nn.functional.mse_loss(pred, target)

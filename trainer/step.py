@@ -1,0 +1,100 @@
+"""One optimisation step, and what feeds it: the optimiser and the minibatch sampler.
+
+:func:`train_step` is a plain function (inputs in, metrics out) in the order of the maths: draw noise
+and times, interpolate, forward, loss, backward, check, step. Every random number comes from the one
+``torch.Generator`` the caller passes (on the training device), so a run is reproducible from its seed
+(bitwise on CPU).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from trainer.data import Batch, TensorData
+from trainer.errors import Diverged
+from trainer.flow import TimeDistribution, flow_matching_loss, interpolate
+from trainer.model import FlowModel
+
+__all__ = ["BatchSampler", "StepMetrics", "make_optimizer", "train_step"]
+
+
+def make_optimizer(model: FlowModel, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with amsgrad over the trainable parameters: the engine's 5.6/5.7 behaviour-cloning trainer
+    uses exactly this with ``LearningRate`` and ``WeightDecay`` (spec §7.2 step 3)."""
+    params = list(model.trainable_parameters())
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, amsgrad=True)
+
+
+class StepMetrics(NamedTuple):
+    """``loss``: the step's MSE in standardised velocity units; ``grad_norm``: the global L2 norm of the
+    gradients before the step."""
+
+    loss: float
+    grad_norm: float
+
+
+class BatchSampler:
+    """Minibatches of ``batch_size`` rows drawn uniformly WITH replacement from ``data`` (the engine's BC
+    trainer samples random steps each iteration, spec §7.2; with replacement there are no epochs to
+    track and each batch is one ``randint``). ``generator`` must live on ``data``'s device."""
+
+    def __init__(self, data: TensorData, batch_size: int, generator: torch.Generator) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.data = data
+        self.batch_size = batch_size
+        self.generator = generator
+
+    def next(self) -> Batch:
+        index = torch.randint(
+            self.data.row_num, (self.batch_size,), generator=self.generator, device=self.data.obs.device
+        )
+        return Batch(obs=self.data.obs.index_select(0, index), x1=self.data.x1.index_select(0, index))
+
+
+def train_step(
+    model: FlowModel,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    generator: torch.Generator,
+    time_dist: TimeDistribution,
+    obs_noise_scale: float,
+    iteration: int,
+) -> StepMetrics:
+    """One flow-matching step on ``batch`` (see :mod:`trainer.flow` for the convention).
+
+    ``obs_noise_scale``: std of the Gaussian noise added to the standardised latents, training only
+    (``ObservationNoiseScale``, design.md [INF]). ``iteration`` only names the step in errors.
+    Raises :class:`Diverged` when the loss or the gradient norm is not finite, BEFORE the optimiser step,
+    so the weights (and the EMA) stay those of the last good step. One host sync per step.
+    """
+    x1 = batch.x1
+    x0 = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
+    t = time_dist.sample(batch.size, generator, x1.device, x1.dtype)
+    path = interpolate(x0, x1, t)
+
+    z = model.encode(batch.obs)
+    if obs_noise_scale > 0:
+        z = z + obs_noise_scale * torch.randn(z.shape, generator=generator, device=z.device, dtype=z.dtype)
+    pred = model.velocity_standardized(z, path.x_t, t)
+    loss = flow_matching_loss(pred, model.standardize_velocity(path.target))
+
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=x1.device)
+    loss_value, norm_value = torch.stack((loss.detach().float(), grad_norm.float())).tolist()
+    if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+        optimizer.zero_grad(set_to_none=True)
+        raise Diverged(
+            f"the loss became non-finite at iteration {iteration} (loss {loss_value}, gradient norm "
+            f"{norm_value}); the weights of the last good iteration were kept"
+        )
+    optimizer.step()
+    model.update_ema()
+    return StepMetrics(loss=loss_value, grad_norm=norm_value)
