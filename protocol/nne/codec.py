@@ -13,10 +13,11 @@ from the first byte of the blob (the magic), as the engine's ``Serialization::Al
   comes from earlier scalars) and is followed by nothing: the blob ends where the last field ends;
 - padding is written as zero bytes.
 
-One table, :data:`_LAYER_SPECS`, maps each :class:`LayerType` to a declarative field list; the reader, the
-writer, the size walk, :func:`structure_key`, :func:`layers_equal` and :func:`first_structure_difference`
-all interpret that one table, so a layer's byte layout is written down exactly once (msgpack's
-``_MSGPACK_HEADERS`` / h11's ``READERS`` play the same role there).
+One table, :data:`protocol.nne.layout.LAYER_SPECS`, maps each :class:`LayerType` to a declarative field
+list; this module is its only interpreter: the reader, the writer, the size walk, :func:`structure_key`,
+:func:`layers_equal` and :func:`first_structure_difference` each handle the six field kinds once, so a
+layer's byte layout is written down exactly once (msgpack's ``_MSGPACK_HEADERS`` / h11's ``READERS`` play
+the same role there).
 
 Decoding is defensive: every count and array size is checked against the bytes that remain *before*
 anything is allocated, nesting depth and the total number of layers are bounded, and every failure is an
@@ -27,49 +28,25 @@ from __future__ import annotations
 
 import math
 import struct
-from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
 from protocol.errors import NNEError
-from protocol.nne.layers import (
-    ELU,
-    GELU,
-    AggregateOrExclusive,
-    AggregateOrInclusive,
-    AggregateSet,
-    Array,
-    Clamp,
-    CompressedLinear,
-    Concat,
-    Conv1d,
-    Conv2d,
-    Copy,
-    Denormalize,
-    FiLM,
-    GRUCell,
-    Layer,
-    LayerNorm,
-    LayerType,
-    Linear,
-    LipschiztLinear,
-    MemoryCell,
-    MultiLinear,
-    Normalize,
-    PReLU,
-    ReLU,
-    Residual,
-    Sequence,
-    Slice,
-    Softmax,
-    SparseMixtureOfExperts,
-    Spread,
-    TanH,
-    Tile,
+from protocol.nne.layers import Layer
+from protocol.nne.layout import (
+    ARRAY_DTYPES,
+    LAYER_SPECS,
+    ArrayField,
+    ArrayKind,
+    CountField,
+    Field,
+    FloatField,
+    ScalarField,
+    SubField,
+    SubsField,
+    spec_of,
 )
 
 __all__ = [
@@ -118,13 +95,6 @@ Used to refuse a layer count the remaining bytes cannot hold before looping over
 _U32 = struct.Struct("<I")
 _F32 = struct.Struct("<f")
 _UINT32_MAX: Final = 0xFFFFFFFF
-
-_LE_DTYPES: Final[dict[str, np.dtype[Any]]] = {
-    "float32": np.dtype("<f4"),
-    "uint16": np.dtype("<u2"),
-    "uint32": np.dtype("<u4"),
-}
-"""On-wire dtype (explicit little-endian) per array kind."""
 
 
 class NNEDecodeError(NNEError):
@@ -209,12 +179,12 @@ class _Reader:
         self.pos += 4
         return float(value)
 
-    def array(self, field: str, kind: str, shape: tuple[int, ...]) -> npt.NDArray[Any]:
+    def array(self, field: str, kind: ArrayKind, shape: tuple[int, ...]) -> npt.NDArray[Any]:
         # [INF] An empty array still moves the cursor to the next 64-byte boundary: the engine's
         # Serialization::Size/Save/Load call Align(64) before every array whatever its length, and so
         # does the 5.6/5.7 Python serialiser (serialization_align before each *_array).
         self.align(ARRAY_ALIGNMENT, field)
-        dtype = _LE_DTYPES[kind]
+        dtype = ARRAY_DTYPES[kind]
         count = math.prod(shape)
         nbytes = count * dtype.itemsize
         # Checked before allocating: a size of 2^32-1 (or a product of two) can never fit.
@@ -287,47 +257,17 @@ class _Writer:
             self.target[self.pos : self.pos + 4] = packed
         self.pos += 4
 
-    def array(self, data: npt.NDArray[Any], kind: str) -> None:
+    def array(self, data: npt.NDArray[Any], kind: ArrayKind) -> None:
         self.align(ARRAY_ALIGNMENT)
-        nbytes = data.size * _LE_DTYPES[kind].itemsize
+        nbytes = data.size * ARRAY_DTYPES[kind].itemsize
         if self.target is not None and nbytes:
-            wire = np.ascontiguousarray(data).astype(_LE_DTYPES[kind], copy=False)
+            wire = np.ascontiguousarray(data).astype(ARRAY_DTYPES[kind], copy=False)
             self.target[self.pos : self.pos + nbytes] = wire.data.cast("B")
         self.pos += nbytes
 
 
 # --------------------------------------------------------------------------------------------------
-# Field descriptors: one class per kind of field, each knowing how to read, write and compare itself
-
-
-class _Field(ABC):
-    """One serialised field of a layer. ``name`` is the dataclass attribute (or, for a count, the name
-    later fields use to refer to it)."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @abstractmethod
-    def read(self, r: _Reader, ctx: dict[str, int], kwargs: dict[str, object], path: str, depth: int) -> None:
-        """Read the field; put ints later fields need in ``ctx`` and constructor arguments in ``kwargs``."""
-
-    @abstractmethod
-    def write(self, w: _Writer, layer: Layer, ctx: dict[str, int], path: str, depth: int) -> None:
-        """Write (or, with a counting writer, size) the field of ``layer``."""
-
-    @abstractmethod
-    def key(self, layer: Layer) -> object:
-        """The field's contribution to :func:`structure_key` (``None`` for float data)."""
-
-    @abstractmethod
-    def equal(self, a: Layer, b: Layer) -> bool:
-        """Whether ``a`` and ``b`` (same type) hold bitwise-identical values in this field."""
-
-    @abstractmethod
-    def diff(self, a: Layer, b: Layer, path: str) -> str | None:
-        """The first structural difference in this field (ints and sub-layers; floats ignored)."""
+# Field access shared by the interpreters below
 
 
 def _int_attr(layer: Layer, name: str) -> int:
@@ -344,79 +284,13 @@ def _layers_attr(layer: Layer, name: str) -> tuple[Layer, ...]:
     return value
 
 
-class _Scalar(_Field):
-    """``u``: a uint32 stored on the layer as an int attribute."""
-
-    __slots__ = ()
-
-    def read(self, r: _Reader, ctx: dict[str, int], kwargs: dict[str, object], path: str, depth: int) -> None:
-        value = r.u32(f"{path}.{self.name}")
-        ctx[self.name] = value
-        kwargs[self.name] = value
-
-    def write(self, w: _Writer, layer: Layer, ctx: dict[str, int], path: str, depth: int) -> None:
-        value = _int_attr(layer, self.name)
-        ctx[self.name] = value
-        w.u32(value, f"{path}.{self.name}")
-
-    def key(self, layer: Layer) -> object:
-        return _int_attr(layer, self.name)
-
-    def equal(self, a: Layer, b: Layer) -> bool:
-        return _int_attr(a, self.name) == _int_attr(b, self.name)
-
-    def diff(self, a: Layer, b: Layer, path: str) -> str | None:
-        va, vb = _int_attr(a, self.name), _int_attr(b, self.name)
-        return None if va == vb else f"{path}.{self.name} is {va} in one and {vb} in the other"
-
-
-class _Count(_Field):
-    """``u`` LayerNum-style count: written as ``len(layer.<of>)``, not stored on the layer itself."""
-
-    __slots__ = ("of",)
-
-    def __init__(self, name: str, of: str) -> None:
-        super().__init__(name)
-        self.of = of
-
-    def read(self, r: _Reader, ctx: dict[str, int], kwargs: dict[str, object], path: str, depth: int) -> None:
-        ctx[self.name] = r.u32(f"{path}.{self.name}")
-
-    def write(self, w: _Writer, layer: Layer, ctx: dict[str, int], path: str, depth: int) -> None:
-        value = len(_layers_attr(layer, self.of))
-        ctx[self.name] = value
-        w.u32(value, f"{path}.{self.name}")
-
-    def key(self, layer: Layer) -> object:
-        return len(_layers_attr(layer, self.of))
-
-    def equal(self, a: Layer, b: Layer) -> bool:
-        return len(_layers_attr(a, self.of)) == len(_layers_attr(b, self.of))
-
-    def diff(self, a: Layer, b: Layer, path: str) -> str | None:
-        va, vb = len(_layers_attr(a, self.of)), len(_layers_attr(b, self.of))
-        return None if va == vb else f"{path}.{self.of} has {va} layers in one and {vb} in the other"
-
-
-class _Float(_Field):
-    """``float``: a 4-byte float32 scalar (LayerNorm epsilon)."""
-
-    __slots__ = ()
-
-    def read(self, r: _Reader, ctx: dict[str, int], kwargs: dict[str, object], path: str, depth: int) -> None:
-        kwargs[self.name] = r.f32(f"{path}.{self.name}")
-
-    def write(self, w: _Writer, layer: Layer, ctx: dict[str, int], path: str, depth: int) -> None:
-        w.f32(float(getattr(layer, self.name)), f"{path}.{self.name}")
-
-    def key(self, layer: Layer) -> object:
-        return None
-
-    def equal(self, a: Layer, b: Layer) -> bool:
-        return _f32_bits(float(getattr(a, self.name))) == _f32_bits(float(getattr(b, self.name)))
-
-    def diff(self, a: Layer, b: Layer, path: str) -> str | None:
-        return None
+def _array_data(layer: Layer, field: ArrayField) -> npt.NDArray[Any]:
+    value = getattr(layer, field.name)
+    if field.kind == "uint32":
+        return np.asarray(value, dtype=np.int64)
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{type(layer).__name__}.{field.name} is not a numpy array")
+    return value
 
 
 def _f32_bits(value: float) -> bytes:
@@ -428,363 +302,9 @@ def _f32_bits(value: float) -> bytes:
         return struct.pack("<d", value)
 
 
-class _ArrayField(_Field):
-    """``F`` / ``uint16`` / ``U`` array of the shape named by earlier scalars (64-byte aligned, no prefix)."""
-
-    __slots__ = ("dims", "kind")
-
-    def __init__(self, name: str, kind: str, dims: tuple[str, ...]) -> None:
-        super().__init__(name)
-        self.kind = kind
-        self.dims = dims
-
-    def read(self, r: _Reader, ctx: dict[str, int], kwargs: dict[str, object], path: str, depth: int) -> None:
-        shape = tuple(ctx[d] for d in self.dims)
-        data = r.array(f"{path}.{self.name}", self.kind, shape)
-        # uint32 arrays are size lists, which the layer values hold as tuples of int.
-        kwargs[self.name] = tuple(int(v) for v in data) if self.kind == "uint32" else data
-
-    def _data(self, layer: Layer) -> npt.NDArray[Any]:
-        value = getattr(layer, self.name)
-        if self.kind == "uint32":
-            return np.asarray(value, dtype=np.int64)
-        if not isinstance(value, np.ndarray):
-            raise TypeError(f"{type(layer).__name__}.{self.name} is not a numpy array")
-        return value
-
-    def write(self, w: _Writer, layer: Layer, ctx: dict[str, int], path: str, depth: int) -> None:
-        data = self._data(layer)
-        shape = tuple(ctx[d] for d in self.dims)
-        if (
-            self.kind == "uint32"
-            and data.size
-            and not (0 <= int(data.min()) and int(data.max()) <= _UINT32_MAX)
-        ):
-            raise NNEError(f"{path}.{self.name} holds a value outside uint32", field=f"{path}.{self.name}")
-        if data.size != math.prod(shape):
-            # Cannot happen for a validated layer value; guards values altered after construction.
-            raise NNEError(
-                f"{path}.{self.name} does not match the sizes written before it",
-                field=f"{path}.{self.name}",
-                expected=shape,
-                actual=data.shape,
-            )
-        w.array(data, self.kind)
-
-    def key(self, layer: Layer) -> object:
-        return tuple(getattr(layer, self.name)) if self.kind == "uint32" else None
-
-    def equal(self, a: Layer, b: Layer) -> bool:
-        if self.kind == "uint32":
-            return tuple(getattr(a, self.name)) == tuple(getattr(b, self.name))
-        da, db = self._data(a), self._data(b)
-        # Bitwise: compare the raw bytes, so NaN payloads count and 0.0 differs from -0.0.
-        return bool(da.shape == db.shape and da.dtype == db.dtype and da.tobytes() == db.tobytes())
-
-    def diff(self, a: Layer, b: Layer, path: str) -> str | None:
-        if self.kind != "uint32":
-            return None
-        va, vb = tuple(getattr(a, self.name)), tuple(getattr(b, self.name))
-        return None if va == vb else f"{path}.{self.name} is {va} in one and {vb} in the other"
-
-
-class _Sub(_Field):
-    """One sub-layer stored in attribute ``name``."""
-
-    __slots__ = ()
-
-    def read(self, r: _Reader, ctx: dict[str, int], kwargs: dict[str, object], path: str, depth: int) -> None:
-        kwargs[self.name] = _read_layer(r, f"{path}.{self.name}", depth + 1)
-
-    def write(self, w: _Writer, layer: Layer, ctx: dict[str, int], path: str, depth: int) -> None:
-        _write_layer(w, getattr(layer, self.name), f"{path}.{self.name}", depth + 1)
-
-    def key(self, layer: Layer) -> object:
-        return structure_key(getattr(layer, self.name))
-
-    def equal(self, a: Layer, b: Layer) -> bool:
-        return layers_equal(getattr(a, self.name), getattr(b, self.name))
-
-    def diff(self, a: Layer, b: Layer, path: str) -> str | None:
-        return first_structure_difference(getattr(a, self.name), getattr(b, self.name), f"{path}.{self.name}")
-
-
-class _Subs(_Field):
-    """``count`` sub-layers (count read earlier) stored as a tuple in attribute ``name``."""
-
-    __slots__ = ("count",)
-
-    def __init__(self, name: str, count: str) -> None:
-        super().__init__(name)
-        self.count = count
-
-    def read(self, r: _Reader, ctx: dict[str, int], kwargs: dict[str, object], path: str, depth: int) -> None:
-        n = ctx[self.count]
-        r.check_count(n, f"{path}.{self.count}")
-        kwargs[self.name] = tuple(_read_layer(r, f"{path}.{self.name}[{i}]", depth + 1) for i in range(n))
-
-    def write(self, w: _Writer, layer: Layer, ctx: dict[str, int], path: str, depth: int) -> None:
-        subs = _layers_attr(layer, self.name)
-        if len(subs) != ctx[self.count]:
-            raise NNEError(
-                f"{path}.{self.name} does not have the number of layers written before it",
-                field=f"{path}.{self.name}",
-                expected=ctx[self.count],
-                actual=len(subs),
-            )
-        for i, sub in enumerate(subs):
-            _write_layer(w, sub, f"{path}.{self.name}[{i}]", depth + 1)
-
-    def key(self, layer: Layer) -> object:
-        return tuple(structure_key(sub) for sub in _layers_attr(layer, self.name))
-
-    def equal(self, a: Layer, b: Layer) -> bool:
-        sa, sb = _layers_attr(a, self.name), _layers_attr(b, self.name)
-        return len(sa) == len(sb) and all(layers_equal(x, y) for x, y in zip(sa, sb, strict=True))
-
-    def diff(self, a: Layer, b: Layer, path: str) -> str | None:
-        sa, sb = _layers_attr(a, self.name), _layers_attr(b, self.name)
-        if len(sa) != len(sb):
-            return f"{path}.{self.name} has {len(sa)} layers in one and {len(sb)} in the other"
-        for i, (x, y) in enumerate(zip(sa, sb, strict=True)):
-            found = first_structure_difference(x, y, f"{path}.{self.name}[{i}]")
-            if found is not None:
-                return found
-        return None
-
-
-# --------------------------------------------------------------------------------------------------
-# The layout table (field order from protocol/nne/layers.py, which follows spec §6.2)
-
-
-@dataclass(frozen=True, slots=True)
-class _LayerSpec:
-    type_id: LayerType
-    cls: Callable[..., Layer]
-    fields: tuple[_Field, ...]
-
-
-def _u(*names: str) -> tuple[_Field, ...]:
-    return tuple(_Scalar(n) for n in names)
-
-
-def _f(name: str, *dims: str) -> _Field:
-    return _ArrayField(name, "float32", dims)
-
-
-def _uarr(name: str, count: str) -> _Field:
-    return _ArrayField(name, "uint32", (count,))
-
-
-def _linear_fields() -> tuple[_Field, ...]:
-    return (
-        *_u("input_size", "output_size"),
-        _f("bias", "output_size"),
-        _f("weights", "input_size", "output_size"),
-    )
-
-
-def _sized(*arrays: str) -> tuple[_Field, ...]:
-    return (*_u("size"), *(_f(a, "size") for a in arrays))
-
-
-_SPEC_LIST: tuple[_LayerSpec, ...] = (
-    _LayerSpec(LayerType.SEQUENCE, Sequence, (_Count("layer_num", "layers"), _Subs("layers", "layer_num"))),
-    _LayerSpec(LayerType.NORMALIZE, Normalize, _sized("mean", "std")),
-    _LayerSpec(LayerType.DENORMALIZE, Denormalize, _sized("mean", "std")),
-    _LayerSpec(LayerType.LINEAR, Linear, _linear_fields()),
-    _LayerSpec(
-        LayerType.COMPRESSED_LINEAR,
-        CompressedLinear,
-        (
-            *_u("input_size", "output_size"),
-            _f("weight_offsets", "input_size"),
-            _f("weight_scales", "input_size"),
-            _f("bias", "output_size"),
-            _ArrayField("weights", "uint16", ("input_size", "output_size")),
-        ),
-    ),
-    _LayerSpec(
-        LayerType.MULTI_LINEAR,
-        MultiLinear,
-        (
-            *_u("block_num", "block_input_size", "block_output_size"),
-            _f("bias", "block_num", "block_output_size"),
-            _f("weights", "block_num", "block_input_size", "block_output_size"),
-        ),
-    ),
-    _LayerSpec(LayerType.RELU, ReLU, _sized()),
-    _LayerSpec(LayerType.ELU, ELU, _sized()),
-    _LayerSpec(LayerType.TANH, TanH, _sized()),
-    _LayerSpec(LayerType.PRELU, PReLU, _sized("alpha")),
-    _LayerSpec(
-        LayerType.MEMORY_CELL,
-        MemoryCell,
-        (
-            *_u("input_size_", "output_size_", "memory_size"),
-            _Sub("remember_layer"),
-            _Sub("passthrough_layer"),
-            _Sub("memory_update_layer"),
-            _Sub("output_input_layer"),
-            _Sub("output_memory_layer"),
-        ),
-    ),
-    _LayerSpec(LayerType.COPY, Copy, _sized()),
-    _LayerSpec(
-        LayerType.CONCAT,
-        Concat,
-        (
-            _Count("layer_num", "layers"),
-            _uarr("input_sizes", "layer_num"),
-            _uarr("output_sizes", "layer_num"),
-            _Subs("layers", "layer_num"),
-        ),
-    ),
-    _LayerSpec(
-        LayerType.ARRAY,
-        Array,
-        (*_u("element_num", "element_input_size", "element_output_size"), _Sub("layer")),
-    ),
-    _LayerSpec(
-        LayerType.AGGREGATE_SET,
-        AggregateSet,
-        (
-            *_u(
-                "max_element_num",
-                "element_input_size",
-                "element_output_size",
-                "output_encoding_size",
-                "attention_encoding_size",
-                "attention_head_num",
-            ),
-            _Sub("element_layer"),
-            _Sub("query_layer"),
-            _Sub("key_layer"),
-            _Sub("value_layer"),
-        ),
-    ),
-    _LayerSpec(
-        LayerType.AGGREGATE_OR_EXCLUSIVE,
-        AggregateOrExclusive,
-        (
-            _Count("layer_num", "sub_layers"),
-            *_u("output_encoding_size"),
-            _uarr("input_sizes", "layer_num"),
-            _uarr("output_sizes", "layer_num"),
-            _Subs("sub_layers", "layer_num"),
-            _Subs("encoder_layers", "layer_num"),
-        ),
-    ),
-    _LayerSpec(
-        LayerType.AGGREGATE_OR_INCLUSIVE,
-        AggregateOrInclusive,
-        (
-            _Count("layer_num", "sub_layers"),
-            *_u("output_encoding_size", "attention_encoding_size", "attention_head_num"),
-            _uarr("input_sizes", "layer_num"),
-            _uarr("output_sizes", "layer_num"),
-            _Subs("sub_layers", "layer_num"),
-            _Subs("query_layers", "layer_num"),
-            _Subs("key_layers", "layer_num"),
-            _Subs("value_layers", "layer_num"),
-        ),
-    ),
-    _LayerSpec(LayerType.CLAMP, Clamp, _sized("min", "max")),
-    _LayerSpec(
-        LayerType.SPARSE_MIXTURE_OF_EXPERTS,
-        SparseMixtureOfExperts,
-        (
-            *_u("input_size_", "output_size_"),
-            _Sub("gating_layer"),
-            _Count("expert_num", "expert_layers"),
-            _Subs("expert_layers", "expert_num"),
-        ),
-    ),
-    _LayerSpec(LayerType.GELU, GELU, _sized()),
-    _LayerSpec(LayerType.LAYER_NORM, LayerNorm, (*_sized("offset", "scale"), _Float("epsilon"))),
-    _LayerSpec(LayerType.LIPSCHIZT_LINEAR, LipschiztLinear, _linear_fields()),
-    _LayerSpec(LayerType.TILE, Tile, _u("input_size_", "repeats")),
-    _LayerSpec(
-        LayerType.SPREAD,
-        Spread,
-        (
-            _Count("layer_num", "layers"),
-            *_u("input_size_"),
-            _uarr("output_sizes", "layer_num"),
-            _Subs("layers", "layer_num"),
-        ),
-    ),
-    _LayerSpec(LayerType.SLICE, Slice, _u("input_size_", "slice_offset", "slice_size")),
-    _LayerSpec(LayerType.RESIDUAL, Residual, (*_u("size"), _Sub("layer"))),
-    _LayerSpec(
-        LayerType.FILM,
-        FiLM,
-        (
-            *_u(
-                "prefix_input_size",
-                "prefix_output_size",
-                "condition_input_size",
-                "condition_output_size",
-                "postfix_input_size",
-                "postfix_output_size",
-            ),
-            _Sub("prefix_layer"),
-            _Sub("condition_layer"),
-            _Sub("postfix_layer"),
-        ),
-    ),
-    _LayerSpec(
-        LayerType.GRU_CELL,
-        GRUCell,
-        (
-            *_u("input_size_", "output_size_"),
-            _Sub("remember_layer"),
-            _Sub("update_layer"),
-            _Sub("activation_layer"),
-        ),
-    ),
-    _LayerSpec(
-        LayerType.CONV1D,
-        Conv1d,
-        (
-            *_u("input_length", "in_channels", "out_channels", "kernel_size", "padding", "padding_mode"),
-            _f("weights", "kernel_size", "in_channels", "out_channels"),
-            _f("bias", "out_channels"),
-            _Sub("layer"),
-        ),
-    ),
-    _LayerSpec(
-        LayerType.CONV2D,
-        Conv2d,
-        (
-            *_u(
-                "input_height",
-                "input_width",
-                "in_channels",
-                "out_channels",
-                "kernel_size",
-                "stride",
-                "padding",
-                "padding_mode",
-            ),
-            _f("weights", "kernel_size", "kernel_size", "in_channels", "out_channels"),
-            _f("bias", "out_channels"),
-            _Sub("layer"),
-        ),
-    ),
-    _LayerSpec(LayerType.SOFTMAX, Softmax, _sized()),
-)
-
-_LAYER_SPECS: Final[dict[int, _LayerSpec]] = {int(s.type_id): s for s in _SPEC_LIST}
-"""Type id -> layout. Id 0 (Invalid) is deliberately absent: the engine refuses it too."""
-_SPEC_BY_CLASS: Final[dict[object, _LayerSpec]] = {s.cls: s for s in _SPEC_LIST}
-
-
-def _spec_of(layer: Layer) -> _LayerSpec:
-    spec = _SPEC_BY_CLASS.get(type(layer))
-    if spec is None:
-        raise TypeError(f"{type(layer).__name__} is not an NNE layer value")
-    return spec
+def _unknown_field(field: object) -> NoReturn:
+    # Unreachable while protocol.nne.layout only uses the six kinds of its Field union.
+    raise TypeError(f"{field!r} is not a field descriptor")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -807,7 +327,7 @@ def _read_layer(r: _Reader, path: str, depth: int) -> Layer:
             "the model holds too many layers", offset=start, field=path, expected=f"<= {MAX_LAYER_NUM}"
         )
     type_id = r.u32(f"{path}.type_id")
-    spec = _LAYER_SPECS.get(type_id)
+    spec = LAYER_SPECS.get(type_id)
     if spec is None:
         raise NNEDecodeError(
             f"unknown layer type id {type_id} at {path}",
@@ -819,7 +339,7 @@ def _read_layer(r: _Reader, path: str, depth: int) -> Layer:
     ctx: dict[str, int] = {}
     kwargs: dict[str, object] = {}
     for field in spec.fields:
-        field.read(r, ctx, kwargs, path, depth)
+        _read_field(field, r, ctx, kwargs, path, depth)
     try:
         return spec.cls(**kwargs)
     except NNEDecodeError:
@@ -833,6 +353,34 @@ def _read_layer(r: _Reader, path: str, depth: int) -> Layer:
             expected=exc.expected,
             actual=exc.actual,
         ) from exc
+
+
+def _read_field(
+    field: Field, r: _Reader, ctx: dict[str, int], kwargs: dict[str, object], path: str, depth: int
+) -> None:
+    """Read one field of the layer at ``path``: ints later fields refer to go to ``ctx``, constructor
+    arguments to ``kwargs``."""
+    match field:
+        case ScalarField(name=name):
+            value = r.u32(f"{path}.{name}")
+            ctx[name] = value
+            kwargs[name] = value
+        case CountField(name=name):
+            ctx[name] = r.u32(f"{path}.{name}")
+        case FloatField(name=name):
+            kwargs[name] = r.f32(f"{path}.{name}")
+        case ArrayField(name=name, kind=kind, dims=dims):
+            data = r.array(f"{path}.{name}", kind, tuple(ctx[d] for d in dims))
+            # uint32 arrays are size lists, which the layer values hold as tuples of int.
+            kwargs[name] = tuple(int(v) for v in data) if kind == "uint32" else data
+        case SubField(name=name):
+            kwargs[name] = _read_layer(r, f"{path}.{name}", depth + 1)
+        case SubsField(name=name, count=count):
+            n = ctx[count]
+            r.check_count(n, f"{path}.{count}")
+            kwargs[name] = tuple(_read_layer(r, f"{path}.{name}[{i}]", depth + 1) for i in range(n))
+        case _:
+            _unknown_field(field)
 
 
 def _as_bytes_view(buf: bytes | bytearray | memoryview) -> memoryview:
@@ -901,11 +449,60 @@ def _write_layer(w: _Writer, layer: Layer, path: str, depth: int) -> None:
     w.layer_num += 1
     if w.layer_num > MAX_LAYER_NUM:
         raise NNEError("the model holds too many layers", field=path, expected=f"<= {MAX_LAYER_NUM}")
-    spec = _spec_of(layer)
+    spec = spec_of(layer)
     w.u32(int(spec.type_id), f"{path}.type_id")
     ctx: dict[str, int] = {}
     for field in spec.fields:
-        field.write(w, layer, ctx, path, depth)
+        _write_field(field, w, layer, ctx, path, depth)
+
+
+def _write_field(field: Field, w: _Writer, layer: Layer, ctx: dict[str, int], path: str, depth: int) -> None:
+    """Write (or, with a counting writer, size) one field of ``layer``; ints go to ``ctx`` as when reading."""
+    match field:
+        case ScalarField(name=name):
+            value = _int_attr(layer, name)
+            ctx[name] = value
+            w.u32(value, f"{path}.{name}")
+        case CountField(name=name, of=of):
+            value = len(_layers_attr(layer, of))
+            ctx[name] = value
+            w.u32(value, f"{path}.{name}")
+        case FloatField(name=name):
+            w.f32(float(getattr(layer, name)), f"{path}.{name}")
+        case ArrayField():
+            _write_array(field, w, layer, ctx, path)
+        case SubField(name=name):
+            _write_layer(w, getattr(layer, name), f"{path}.{name}", depth + 1)
+        case SubsField(name=name, count=count):
+            subs = _layers_attr(layer, name)
+            if len(subs) != ctx[count]:
+                raise NNEError(
+                    f"{path}.{name} does not have the number of layers written before it",
+                    field=f"{path}.{name}",
+                    expected=ctx[count],
+                    actual=len(subs),
+                )
+            for i, sub in enumerate(subs):
+                _write_layer(w, sub, f"{path}.{name}[{i}]", depth + 1)
+        case _:
+            _unknown_field(field)
+
+
+def _write_array(field: ArrayField, w: _Writer, layer: Layer, ctx: dict[str, int], path: str) -> None:
+    data = _array_data(layer, field)
+    shape = tuple(ctx[d] for d in field.dims)
+    where = f"{path}.{field.name}"
+    if field.kind == "uint32" and data.size and not (0 <= int(data.min()) and int(data.max()) <= _UINT32_MAX):
+        raise NNEError(f"{where} holds a value outside uint32", field=where)
+    if data.size != math.prod(shape):
+        # Cannot happen for a validated layer value; guards values altered after construction.
+        raise NNEError(
+            f"{where} does not match the sizes written before it",
+            field=where,
+            expected=shape,
+            actual=data.shape,
+        )
+    w.array(data, field.kind)
 
 
 def _walk(layer: Layer, w: _Writer) -> int:
@@ -953,14 +550,14 @@ def layers_equal(a: Layer, b: Layer) -> bool:
     they serialise to the same bytes."""
     if type(a) is not type(b):
         return False
-    return all(field.equal(a, b) for field in _spec_of(a).fields)
+    return all(_field_equal(field, a, b) for field in spec_of(a).fields)
 
 
 def structure_key(layer: Layer) -> tuple[object, ...]:
     """Types and every integer size, no float values: two layers with equal keys serialise to the same
     byte size and layout (the engine requires that of every network it receives back, spec §6.1, §10.6)."""
-    spec = _spec_of(layer)
-    return (int(spec.type_id), *(k for k in (f.key(layer) for f in spec.fields) if k is not None))
+    spec = spec_of(layer)
+    return (int(spec.type_id), *(k for k in (_field_key(f, layer) for f in spec.fields) if k is not None))
 
 
 def first_structure_difference(a: Layer, b: Layer, path: str = "root") -> str | None:
@@ -968,8 +565,80 @@ def first_structure_difference(a: Layer, b: Layer, path: str = "root") -> str | 
     serialisation order), or ``None`` when their :func:`structure_key` values are equal."""
     if type(a) is not type(b):
         return f"{path} is a {type(a).__name__} in one and a {type(b).__name__} in the other"
-    for field in _spec_of(a).fields:
-        found = field.diff(a, b, path)
+    for field in spec_of(a).fields:
+        found = _field_diff(field, a, b, path)
         if found is not None:
             return found
     return None
+
+
+def _field_equal(field: Field, a: Layer, b: Layer) -> bool:
+    """Whether ``a`` and ``b`` (same type) hold bitwise-identical values in ``field``."""
+    match field:
+        case ScalarField(name=name):
+            return _int_attr(a, name) == _int_attr(b, name)
+        case CountField(of=of):
+            return len(_layers_attr(a, of)) == len(_layers_attr(b, of))
+        case FloatField(name=name):
+            return _f32_bits(float(getattr(a, name))) == _f32_bits(float(getattr(b, name)))
+        case ArrayField(name=name, kind="uint32"):
+            return tuple(getattr(a, name)) == tuple(getattr(b, name))
+        case ArrayField():
+            da, db = _array_data(a, field), _array_data(b, field)
+            # Bitwise: compare the raw bytes, so NaN payloads count and 0.0 differs from -0.0.
+            return bool(da.shape == db.shape and da.dtype == db.dtype and da.tobytes() == db.tobytes())
+        case SubField(name=name):
+            return layers_equal(getattr(a, name), getattr(b, name))
+        case SubsField(name=name):
+            sa, sb = _layers_attr(a, name), _layers_attr(b, name)
+            return len(sa) == len(sb) and all(layers_equal(x, y) for x, y in zip(sa, sb, strict=True))
+        case _:
+            _unknown_field(field)
+
+
+def _field_key(field: Field, layer: Layer) -> object:
+    """``field``'s contribution to :func:`structure_key`: ints and sub-layer keys, ``None`` for float data."""
+    match field:
+        case ScalarField(name=name):
+            return _int_attr(layer, name)
+        case CountField(of=of):
+            return len(_layers_attr(layer, of))
+        case ArrayField(name=name, kind="uint32"):
+            return tuple(getattr(layer, name))
+        case FloatField() | ArrayField():
+            return None
+        case SubField(name=name):
+            return structure_key(getattr(layer, name))
+        case SubsField(name=name):
+            return tuple(structure_key(sub) for sub in _layers_attr(layer, name))
+        case _:
+            _unknown_field(field)
+
+
+def _field_diff(field: Field, a: Layer, b: Layer, path: str) -> str | None:
+    """The first structural difference in ``field`` (ints and sub-layers; float data is ignored)."""
+    match field:
+        case ScalarField(name=name):
+            va, vb = _int_attr(a, name), _int_attr(b, name)
+            return None if va == vb else f"{path}.{name} is {va} in one and {vb} in the other"
+        case CountField(of=of):
+            na, nb = len(_layers_attr(a, of)), len(_layers_attr(b, of))
+            return None if na == nb else f"{path}.{of} has {na} layers in one and {nb} in the other"
+        case ArrayField(name=name, kind="uint32"):
+            ta, tb = tuple(getattr(a, name)), tuple(getattr(b, name))
+            return None if ta == tb else f"{path}.{name} is {ta} in one and {tb} in the other"
+        case FloatField() | ArrayField():
+            return None
+        case SubField(name=name):
+            return first_structure_difference(getattr(a, name), getattr(b, name), f"{path}.{name}")
+        case SubsField(name=name):
+            sa, sb = _layers_attr(a, name), _layers_attr(b, name)
+            if len(sa) != len(sb):
+                return f"{path}.{name} has {len(sa)} layers in one and {len(sb)} in the other"
+            for i, (x, y) in enumerate(zip(sa, sb, strict=True)):
+                found = first_structure_difference(x, y, f"{path}.{name}[{i}]")
+                if found is not None:
+                    return found
+            return None
+        case _:
+            _unknown_field(field)

@@ -6,9 +6,10 @@ size lists are tuples of ``int``. Construction validates every shape against the
 it, so a value that exists is always serialisable.
 
 ``input_size`` / ``output_size`` give the width of the flat float vector the layer reads and writes.
-For the common layers these follow directly from the engine's operator definitions; for the rarely used
-layers (MemoryCell, Aggregate*, FiLM, GRUCell, Conv*) the widths are our reading of the builder and are
-marked [INF] where the spec does not state them.
+They follow the engine's GetInputSize/GetOutputSize (NNERuntimeBasicCpuModel.cpp, read for facts), including
+the less obvious ones: AggregateSet writes H·OES + 1, AggregateOrExclusive reads max(InputSizes) + n, GRUCell
+writes its new state twice, and Conv layers run their sub-layer first. The exact arithmetic inside the
+rare composite layers is documented (and [INF] where unverified) in :mod:`protocol.nne.reference`.
 
 The byte codec lives in :mod:`protocol.nne.codec`; numeric evaluation in :mod:`protocol.nne.reference`.
 """

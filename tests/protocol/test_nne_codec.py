@@ -66,6 +66,7 @@ from protocol.nne.layers import (
     Tile,
     children,
 )
+from protocol.nne.reference import evaluate
 
 # --------------------------------------------------------------------------------------------------
 # Byte-building helpers (independent of the codec)
@@ -187,9 +188,16 @@ GOLDEN: list[tuple[str, Layer, bytes]] = [
     ),
     (
         "MemoryCell",
-        MemoryCell(1, 1, 1, Copy(1), ReLU(2), ELU(3), TanH(4), GELU(5)),
-        # 8 type | 12 In | 16 Out | 20 Memory | 24 Copy | 32 ReLU | 40 ELU | 48 TanH | 56 GELU | end 64
-        HEAD + u32(11, 1, 1, 1) + u32(12, 1, 7, 2, 8, 3, 9, 4, 20, 5),
+        # In 2, Out 1, Memory 3: four gates read [x ‖ memory] (5 wide), output_memory reads the memory.
+        MemoryCell(2, 1, 3, Slice(5, 2, 3), Slice(5, 0, 1), Slice(5, 1, 3), Slice(5, 4, 1), Slice(3, 0, 1)),
+        # 8 type | 12 In | 16 Out | 20 Memory | 24 Slice | 40 Slice | 56 Slice | 72 Slice | 88 Slice | end 104
+        HEAD
+        + u32(11, 2, 1, 3)
+        + u32(25, 5, 2, 3)
+        + u32(25, 5, 0, 1)
+        + u32(25, 5, 1, 3)
+        + u32(25, 5, 4, 1)
+        + u32(25, 3, 0, 1),
     ),
     ("Copy", Copy(6), HEAD + u32(12, 6)),
     (
@@ -213,23 +221,36 @@ GOLDEN: list[tuple[str, Layer, bytes]] = [
     ),
     (
         "AggregateSet",
-        AggregateSet(2, 1, 1, 4, 2, 1, Copy(1), ReLU(1), ELU(1), TanH(1)),
-        # 8 type | 12..36 six sizes | 36 Copy | 44 ReLU | 52 ELU | 60 TanH | end 68
-        HEAD + u32(15, 2, 1, 1, 4, 2, 1) + u32(12, 1, 7, 1, 8, 1, 9, 1),
+        # Max 5, ElementIn 1, ElementOut 2, OutputEncoding 3, AttentionEncoding 1, Heads 2: element 1 -> 2,
+        # query and key 2 -> Heads·AttentionEncoding = 2, value 2 -> Heads·OutputEncoding = 6.
+        AggregateSet(5, 1, 2, 3, 1, 2, Tile(1, 2), ReLU(2), ELU(2), Tile(2, 3)),
+        # 8 type | 12..36 six sizes | 36 Tile | 48 ReLU | 56 ELU | 64 Tile | end 76
+        HEAD + u32(15, 5, 1, 2, 3, 1, 2) + u32(23, 1, 2) + u32(7, 2) + u32(8, 2) + u32(23, 2, 3),
     ),
     (
         "AggregateOrExclusive",
-        AggregateOrExclusive(3, (1,), (2,), (Tile(1, 2),), (ReLU(2),)),
+        # Branch 0: sub-layer 1 -> 3 (OutputSizes), encoder 3 -> 2 (OutputEncodingSize).
+        AggregateOrExclusive(2, (1,), (3,), (Tile(1, 3),), (Slice(3, 1, 2),)),
         # 8 type | 12 LayerNum | 16 OutputEncodingSize | 20..64 pad | 64 InputSizes (4) | 68..128 pad
-        # | 128 OutputSizes (4) | 132 Tile | 144 ReLU | end 152
-        HEAD + u32(16, 1, 3) + z(44) + u32(1) + z(60) + u32(2) + u32(23, 1, 2, 7, 2),
+        # | 128 OutputSizes (4) | 132 Tile | 144 Slice | end 160
+        HEAD + u32(16, 1, 2) + z(44) + u32(1) + z(60) + u32(3) + u32(23, 1, 3) + u32(25, 3, 1, 2),
     ),
     (
         "AggregateOrInclusive",
-        AggregateOrInclusive(4, 2, 1, (1,), (1,), (Copy(1),), (ReLU(1),), (ELU(1),), (TanH(1),)),
+        # OutEnc 3, AttnEnc 2, Heads 1: sub-layer 1 -> 1, query and key 1 -> 2, value 1 -> 3.
+        AggregateOrInclusive(3, 2, 1, (1,), (1,), (Copy(1),), (Tile(1, 2),), (Tile(1, 2),), (Tile(1, 3),)),
         # 8 type | 12 LayerNum | 16 OutEnc | 20 AttnEnc | 24 Heads | 28..64 pad | 64 InputSizes (4)
-        # | 68..128 pad | 128 OutputSizes (4) | 132 Copy | 140 ReLU | 148 ELU | 156 TanH | end 164
-        HEAD + u32(17, 1, 4, 2, 1) + z(36) + u32(1) + z(60) + u32(1) + u32(12, 1, 7, 1, 8, 1, 9, 1),
+        # | 68..128 pad | 128 OutputSizes (4) | 132 Copy | 140 Tile | 152 Tile | 164 Tile | end 176
+        HEAD
+        + u32(17, 1, 3, 2, 1)
+        + z(36)
+        + u32(1)
+        + z(60)
+        + u32(1)
+        + u32(12, 1)
+        + u32(23, 1, 2)
+        + u32(23, 1, 2)
+        + u32(23, 1, 3),
     ),
     (
         "Clamp",
@@ -273,21 +294,39 @@ GOLDEN: list[tuple[str, Layer, bytes]] = [
     ),
     (
         "GRUCell",
-        GRUCell(1, 1, ReLU(1), ELU(1), TanH(1)),
-        # 8 type | 12 In | 16 Out | 20 ReLU | 28 ELU | 36 TanH | end 44
-        HEAD + u32(28, 1, 1) + u32(7, 1, 8, 1, 9, 1),
+        # In 2, Out 1: the three gates read [x ‖ h] (3 wide) and write Out.
+        GRUCell(2, 1, Slice(3, 0, 1), Slice(3, 1, 1), Slice(3, 2, 1)),
+        # 8 type | 12 In | 16 Out | 20 Slice | 36 Slice | 52 Slice | end 68
+        HEAD + u32(28, 2, 1) + u32(25, 3, 0, 1) + u32(25, 3, 1, 1) + u32(25, 3, 2, 1),
     ),
     (
         "Conv1d",
-        Conv1d(3, 1, 1, 2, 0, 0, fa(0.5, -0.5, shape=(2, 1, 1)), fa(0.25), ReLU(2)),
+        # The sub-layer runs first and writes InChannels·InputLength = 3.
+        Conv1d(3, 1, 1, 2, 0, 0, fa(0.5, -0.5, shape=(1, 1, 2)), fa(0.25), ReLU(3)),
         # 8 type | 12..36 six sizes | 36..64 pad | 64 Weights (8) | 72..128 pad | 128 Bias (4) | 132 ReLU | end 140
-        HEAD + u32(29, 3, 1, 1, 2, 0, 0) + z(28) + f32(0.5, -0.5) + z(56) + f32(0.25) + u32(7, 2),
+        HEAD + u32(29, 3, 1, 1, 2, 0, 0) + z(28) + f32(0.5, -0.5) + z(56) + f32(0.25) + u32(7, 3),
+    ),
+    (
+        "Conv1d-channel-major",
+        # Length 2, In 2, Out 3, Kernel 1: Weights[o][i][0] = 1 + 2·o + i on the wire.
+        Conv1d(2, 2, 3, 1, 0, 0, fa(1, 2, 3, 4, 5, 6, shape=(3, 2, 1)), fa(7, 8, 9), Copy(4)),
+        # 8 type | 12..36 six sizes | 36..64 pad | 64 Weights (24) | 88..128 pad | 128 Bias (12) | 140 Copy
+        # | end 148
+        HEAD + u32(29, 2, 2, 3, 1, 0, 0) + z(28) + f32(1, 2, 3, 4, 5, 6) + z(40) + f32(7, 8, 9) + u32(12, 4),
     ),
     (
         "Conv2d",
         Conv2d(2, 2, 1, 1, 1, 1, 0, 0, fa(2.0, shape=(1, 1, 1, 1)), fa(0.0), ReLU(4)),
         # 8 type | 12..44 eight sizes | 44..64 pad | 64 Weights (4) | 68..128 pad | 128 Bias (4) | 132 ReLU | end 140
         HEAD + u32(30, 2, 2, 1, 1, 1, 1, 0, 0) + z(20) + f32(2.0) + z(60) + f32(0.0) + u32(7, 4),
+    ),
+    (
+        "Conv2d-channel-major",
+        # 1x1 image, In 2, Out 2, Kernel 1: Weights[o][i][0][0] = 1 + 2·o + i on the wire.
+        Conv2d(1, 1, 2, 2, 1, 1, 0, 0, fa(1, 2, 3, 4, shape=(2, 2, 1, 1)), fa(5, 6), Copy(2)),
+        # 8 type | 12..44 eight sizes | 44..64 pad | 64 Weights (16) | 80..128 pad | 128 Bias (8) | 136 Copy
+        # | end 144
+        HEAD + u32(30, 1, 1, 2, 2, 1, 1, 0, 0) + z(20) + f32(1, 2, 3, 4) + z(48) + f32(5, 6) + u32(12, 2),
     ),
     ("Softmax", Softmax(3), HEAD + u32(31, 3)),
     (
@@ -333,9 +372,28 @@ def test_golden_table_covers_every_layer_type() -> None:
 
 def test_golden_lengths_match_hand_counted_ends() -> None:
     ends = {"Normalize": 136, "CompressedLinear": 262, "CompressedLinear-then-scalar": 268, "Concat": 152}
-    ends |= {"Linear-long-bias": 260, "AggregateOrInclusive": 164, "nested-MLP": 260, "Concat-empty": 64}
+    ends |= {"Linear-long-bias": 260, "AggregateOrInclusive": 176, "nested-MLP": 260, "Concat-empty": 64}
+    ends |= {"MemoryCell": 104, "Conv1d-channel-major": 148, "Conv2d-channel-major": 144}
     blobs = {name: blob for name, _, blob in GOLDEN}
     assert {name: len(blobs[name]) for name in ends} == ends
+
+
+def test_golden_values_are_well_formed_engine_networks() -> None:
+    # Every value evaluates (numpy oracle, independent of the codec) at its declared widths, so the
+    # table never holds sub-layers whose widths the engine would refuse. Ones set every mask bit.
+    for name, layer, _ in GOLDEN:
+        y = evaluate(layer, np.ones((2, layer.input_size), np.float32))
+        assert y.shape == (2, layer.output_size), name
+
+
+def test_conv_weights_are_read_channel_major() -> None:
+    blobs = {name: blob for name, _, blob in GOLDEN}
+    conv1d = read_model(blobs["Conv1d-channel-major"])
+    conv2d = read_model(blobs["Conv2d-channel-major"])
+    assert isinstance(conv1d, Conv1d) and isinstance(conv2d, Conv2d)
+    # Flat [Out][In][K...] order: the value at weights[o, i] is 1 + 2·o + i, not the transpose.
+    assert conv1d.weights[:, :, 0].tolist() == [[1, 2], [3, 4], [5, 6]]
+    assert conv2d.weights[:, :, 0, 0].tolist() == [[1, 2], [3, 4]]
 
 
 @pytest.mark.parametrize(("layer", "blob"), GOLDEN_PARAMS)
@@ -602,6 +660,7 @@ def test_structure_key_ignores_floats_and_sees_every_size() -> None:
 
 
 SIZE = st.integers(0, 3)
+PAD = st.integers(0, 1)  # conv outputs grow with padding; 0 and 1 exercise the field
 F32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
 
 
@@ -677,50 +736,77 @@ def layer_from(draw: st.DrawFn, n: int, depth: int) -> Layer:
 
 
 @st.composite
+def layer_between(draw: st.DrawFn, n: int, m: int, depth: int) -> Layer:
+    """A layer reading ``n`` and writing ``m`` floats; with depth left, possibly any layer tree between
+    two adapters (so that every type also appears as a sub-layer at the widths its parent expects)."""
+    if depth > 0 and draw(st.booleans()):
+        inner = draw(any_layer(depth - 1))
+        before = draw(layer_from_to(n, inner.input_size, 0))
+        return Sequence((before, inner, draw(layer_from_to(inner.output_size, m, 0))))
+    return draw(layer_from_to(n, m, depth))
+
+
+@st.composite
 def any_layer(draw: st.DrawFn, depth: int = 3) -> Layer:
-    """Any valid layer tree of nesting depth <= depth + 1, covering all 31 types."""
+    """Any valid layer tree covering all 31 types, with sub-layer widths as the engine defines them."""
     kind = draw(st.integers(-3, 12 if depth > 0 else 1))
     if kind <= 0:
         return draw(layer_from(draw(SIZE), depth))
     if kind == 1:
         b, i, o = draw(SIZE), draw(SIZE), draw(SIZE)
         return MultiLinear(b, i, o, draw(f32_array((b, o))), draw(f32_array((b, i, o))))
-    sub = any_layer(depth - 1)
+
+    def sub(n: int, m: int) -> Layer:
+        return draw(layer_between(n, m, depth - 1))
+
     if kind == 2:
-        child = draw(sub)
+        child = draw(any_layer(depth - 1))
         return Array(draw(SIZE), child.input_size, child.output_size, child)
     if kind == 3:
-        return MemoryCell(draw(SIZE), draw(SIZE), draw(SIZE), *(draw(sub) for _ in range(5)))
+        i, o, mem = draw(SIZE), draw(SIZE), draw(SIZE)
+        gates = (sub(i + mem, mem), sub(i + mem, o), sub(i + mem, mem), sub(i + mem, o))
+        return MemoryCell(i, o, mem, *gates, sub(mem, o))
     if kind == 4:
-        return GRUCell(draw(SIZE), draw(SIZE), draw(sub), draw(sub), draw(sub))
+        i, o = draw(SIZE), draw(SIZE)
+        return GRUCell(i, o, sub(i + o, o), sub(i + o, o), sub(i + o, o))
     if kind == 5:
         m, ei, eo, oe, ae, heads = (draw(SIZE) for _ in range(6))
-        return AggregateSet(m, ei, eo, oe, ae, heads, draw(sub), draw(sub), draw(sub), draw(sub))
+        element, value = sub(ei, eo), sub(eo, heads * oe)
+        return AggregateSet(
+            m, ei, eo, oe, ae, heads, element, sub(eo, heads * ae), sub(eo, heads * ae), value
+        )
     k = draw(st.integers(0, 2))
-    sizes = tuple(draw(SIZE) for _ in range(k))
+    ins, outs = tuple(draw(SIZE) for _ in range(k)), tuple(draw(SIZE) for _ in range(k))
     if kind == 6:
-        subs = tuple(draw(sub) for _ in range(k))
-        return AggregateOrExclusive(draw(SIZE), sizes, sizes[::-1], subs, tuple(draw(sub) for _ in range(k)))
+        oe = draw(SIZE)
+        subs = tuple(sub(i, o) for i, o in zip(ins, outs, strict=True))
+        return AggregateOrExclusive(oe, ins, outs, subs, tuple(sub(o, oe) for o in outs))
     if kind == 7:
-        groups = [tuple(draw(sub) for _ in range(k)) for _ in range(4)]
-        return AggregateOrInclusive(draw(SIZE), draw(SIZE), draw(SIZE), sizes, sizes, *groups)
+        oe, ae, heads = draw(SIZE), draw(SIZE), draw(SIZE)
+        subs = tuple(sub(i, o) for i, o in zip(ins, outs, strict=True))
+        queries, keys = (tuple(sub(o, heads * ae) for o in outs) for _ in range(2))
+        values = tuple(sub(o, heads * oe) for o in outs)
+        return AggregateOrInclusive(oe, ae, heads, ins, outs, subs, queries, keys, values)
     if kind == 8:
-        return SparseMixtureOfExperts(draw(SIZE), draw(SIZE), draw(sub), tuple(draw(sub) for _ in range(k)))
+        i, o = draw(SIZE), draw(SIZE)
+        return SparseMixtureOfExperts(i, o, sub(i, k), tuple(sub(i, o) for _ in range(k)))
     if kind == 9:
-        pi, po, ci, co, qi, qo = (draw(SIZE) for _ in range(6))
-        return FiLM(pi, po, ci, co, qi, qo, draw(sub), draw(sub), draw(sub))
+        # The condition layer writes a scale and a shift per prefix output; the postfix reads the prefix.
+        pi, po, ci, qo = (draw(SIZE) for _ in range(4))
+        co = 2 * po + draw(st.integers(0, 1))
+        return FiLM(pi, po, ci, co, po, qo, sub(pi, po), sub(ci, co), sub(po, qo))
     if kind == 10:
         length, cin, cout, kernel = draw(SIZE), draw(SIZE), draw(SIZE), draw(SIZE)
-        w = draw(f32_array((kernel, cin, cout)))
-        return Conv1d(
-            length, cin, cout, kernel, draw(SIZE), draw(SIZE), w, draw(f32_array((cout,))), draw(sub)
-        )
+        w = draw(f32_array((cout, cin, kernel)))
+        layer = sub(draw(SIZE), cin * length)  # runs first and writes [InChannels][InputLength]
+        return Conv1d(length, cin, cout, kernel, draw(PAD), draw(SIZE), w, draw(f32_array((cout,))), layer)
     if kind == 11:
         h, w_, cin, cout, kernel = (draw(SIZE) for _ in range(5))
-        weights = draw(f32_array((kernel, kernel, cin, cout)))
+        weights = draw(f32_array((cout, cin, kernel, kernel)))
         bias = draw(f32_array((cout,)))
-        return Conv2d(h, w_, cin, cout, kernel, draw(SIZE), draw(SIZE), draw(SIZE), weights, bias, draw(sub))
-    subs = tuple(draw(sub) for _ in range(k))
+        layer = sub(draw(SIZE), cin * h * w_)
+        return Conv2d(h, w_, cin, cout, kernel, draw(SIZE), draw(PAD), draw(SIZE), weights, bias, layer)
+    subs = tuple(draw(any_layer(depth - 1)) for _ in range(k))
     return Concat(tuple(s.input_size for s in subs), tuple(s.output_size for s in subs), subs)
 
 
