@@ -24,7 +24,7 @@ RUN pip install --no-deps . \
     && mkdir -p /runs \
     && chown trainer /runs
 
-USER trainer
+USER 10001
 VOLUME ["/runs"]
 # The engine's default port (spec §1.6); the link is unencrypted and unauthenticated: keep it on a
 # private network or behind a tunnel.

@@ -8,5 +8,7 @@ echo "== ruff"
 ruff check .
 echo "== mypy (strict on protocol/)"
 mypy protocol trainer scripts
+echo "== hadolint (Dockerfile)"
+if command -v hadolint >/dev/null 2>&1; then hadolint Dockerfile; else echo "hadolint not available on this platform: skipped"; fi
 echo "== pytest"
 python -m pytest "$@"
