@@ -1,0 +1,91 @@
+"""Trainer-side failures, each mapped to one documented exit code.
+
+Protocol decoding errors stay :class:`protocol.errors.ProtocolError`; :func:`exit_code_for` maps both
+families onto :class:`trainer.exitcodes.ExitCode` in one place.
+"""
+
+from __future__ import annotations
+
+from protocol.errors import ConfigError, ProtocolError, RecordError, ReplayError, SnapshotError
+from trainer.exitcodes import ExitCode
+
+__all__ = [
+    "BadData",
+    "Diverged",
+    "Interrupted",
+    "LaunchError",
+    "PeerGone",
+    "ResumeRefused",
+    "TrainerError",
+    "Unsupported",
+    "WaitTimeout",
+    "exit_code_for",
+]
+
+
+class TrainerError(Exception):
+    """Base class: ``str(error)`` is a complete, user-facing paragraph."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+
+class LaunchError(TrainerError):
+    """Bad launch input: command line, GUID, missing region or file, port in use."""
+
+    exit_code = ExitCode.USAGE
+
+
+class WaitTimeout(TrainerError):
+    """A wait for the engine ran past its timeout; the message names what was awaited."""
+
+    exit_code = ExitCode.TIMEOUT
+
+
+class PeerGone(TrainerError):
+    """The engine disappeared (EOF, process exit, region gone) while we waited for ``what``."""
+
+    exit_code = ExitCode.PEER_GONE
+
+
+class BadData(TrainerError):
+    """Readable but unusable input: non-finite values, empty recording, mismatched dimensions."""
+
+    exit_code = ExitCode.BAD_DATA
+
+
+class Unsupported(TrainerError):
+    """The config asks for something this trainer does not implement (e.g. TrainerMethod PPO)."""
+
+    exit_code = ExitCode.UNSUPPORTED
+
+
+class Interrupted(TrainerError):
+    """SIGINT/SIGTERM arrived; the trainer saved its state and stopped."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
+class Diverged(TrainerError):
+    """The loss became non-finite; the last good weights were kept."""
+
+    exit_code = ExitCode.DIVERGED
+
+
+class ResumeRefused(TrainerError):
+    """A checkpoint does not match the current networks or config."""
+
+    exit_code = ExitCode.RESUME_REFUSED
+
+
+def exit_code_for(error: BaseException) -> ExitCode:
+    """The exit code for any exception that ends a run."""
+    if isinstance(error, TrainerError):
+        return error.exit_code
+    if isinstance(error, (ConfigError, ReplayError, SnapshotError, RecordError)):
+        # Readable framing, unusable content: the user must fix a file or a recording.
+        return ExitCode.BAD_DATA
+    if isinstance(error, ProtocolError):
+        return ExitCode.PROTOCOL
+    if isinstance(error, KeyboardInterrupt):
+        return ExitCode.INTERRUPTED
+    return ExitCode.INTERNAL
