@@ -6,18 +6,22 @@ Every failure ends with one readable paragraph on stderr and a documented code (
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any, TextIO
 
 from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs, parse_launch_argv
 from protocol.errors import ArgvError, ProtocolError
-from trainer.errors import LaunchError, TrainerError, exit_code_for
+from trainer.errors import LaunchError, PeerGone, TrainerError, exit_code_for
 from trainer.exitcodes import ExitCode
 from trainer.options import TrainerOptions, load_options
 from trainer.settings import Timeouts
@@ -53,10 +57,11 @@ class InterruptFlag:
             name = signal.Signals(signum).name
             if self.is_set() and signum == signal.SIGINT:
                 raise KeyboardInterrupt
-            print(
-                f"la-trainer: {name} received: finishing the current step, saving and stopping.", flush=True
-            )
             self.set(name)
+            # A handler's exception would surface wherever the main thread happens to be: never raise.
+            _emit(
+                f"la-trainer: {name} received: finishing the current step, saving and stopping.", sys.stdout
+            )
 
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -64,6 +69,59 @@ class InterruptFlag:
         finally:
             for sig, old in previous.items():
                 signal.signal(sig, old)
+
+
+def _silence_output() -> None:
+    """Point stdout and stderr at the null device (their reader is gone; see :func:`_emit`)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for fd in (1, 2):
+                os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+    except OSError:
+        pass
+
+
+def _emit(text: str, stream: TextIO | None = None) -> None:
+    """One flushed line on stderr (or ``stream``) that never raises.
+
+    The engine reads our output through a pipe (spec §1.1). When the game dies, every write fails with
+    EPIPE; then the output is sent to the null device so that neither this message nor the interpreter's
+    final flush turns a documented exit code into a crash (exit 1 or 120).
+    """
+    try:
+        print(text, file=stream if stream is not None else sys.stderr, flush=True)
+    except (OSError, ValueError):
+        _silence_output()
+
+
+def _record_failure(task_dir: Path | None, options: TrainerOptions, paragraph: str) -> None:
+    """Status file: phase "failed" with the message and the phase the run was in (``la-trainer watch``,
+    and the only trace left when the engine's output pipe is gone)."""
+    if task_dir is None or not options.status_file:
+        return
+    from trainer.progress import STATUS_FILE_NAME, Status, read_status, write_status
+
+    path = task_dir / STATUS_FILE_NAME
+    try:
+        previous = read_status(path)
+    except (OSError, ValueError):
+        previous = Status(phase="starting")
+    try:
+        write_status(
+            path,
+            dataclasses.replace(
+                previous,
+                phase="failed",
+                message=f"{paragraph} (phase: {previous.phase})",
+                pid=os.getpid(),
+                updated=time.time(),
+            ),
+        )
+    except (OSError, ValueError):
+        pass  # a status file is a convenience
 
 
 def _error_paragraph(error: BaseException) -> str:
@@ -84,22 +142,43 @@ def run_with_link(
     options: TrainerOptions,
     task_dir: Path | None,
     stdout: object = None,
+    training: Callable[[Any, InterruptFlag], int] | None = None,
 ) -> int:
-    """Opens the link, runs the training story, always closes the link; returns the exit code."""
-    from trainer.loop import run_training  # torch is imported here, after argv was validated
+    """Opens the link, runs the training story, always closes the link; returns the exit code.
 
+    ``training(link, flag)`` replaces the default story (:func:`trainer.loop.run_training` with this
+    ``options``/``task_dir``); :mod:`trainer.distributed` passes one that adds the rank hooks.
+    """
     flag = InterruptFlag()
     link = None
     try:
         with flag.installed():
+            # Open the link (map the control block / listen on the port) BEFORE importing torch, and
+            # ping while torch loads: the engine posts its config and starts its 10 s wait at once
+            # (spec §2.4), and importing torch can take longer than that on a loaded machine.
             link = open_link(flag)
+            from trainer.session import KeepAlive
+
+            with KeepAlive(link, 1.0):  # type: ignore[arg-type]
+                from trainer.loop import run_training
+            if training is not None:
+                return int(training(link, flag))
             result = run_training(link, options=options, task_dir=task_dir, interrupt=flag)  # type: ignore[arg-type]
             return int(result)
     except KeyboardInterrupt:
-        print("la-trainer: interrupted.", file=sys.stderr, flush=True)
+        _emit("la-trainer: interrupted.")
         return int(ExitCode.INTERRUPTED)
     except BaseException as error:
-        print(_error_paragraph(error), file=sys.stderr, flush=True)
+        if isinstance(error, BrokenPipeError):
+            # Sockets turn their EPIPE into PeerGone, so this one is our own stdout/stderr: the engine
+            # that reads them (spec §1.1) is gone. Nothing can be printed any more.
+            _silence_output()
+            error = PeerGone(
+                "the engine closed the trainer's output pipe (stdout/stderr); the game went away"
+            )
+        paragraph = _error_paragraph(error)
+        _record_failure(task_dir, options, paragraph)
+        _emit(paragraph)
         return int(exit_code_for(error))
     finally:
         if link is not None:
@@ -108,7 +187,7 @@ def run_with_link(
                 try:
                     close()
                 except Exception as error:
-                    print(f"la-trainer: warning: cleanup failed: {error}", file=sys.stderr, flush=True)
+                    _emit(f"la-trainer: warning: cleanup failed: {error}")
 
 
 def open_link_for_launch(
@@ -116,8 +195,14 @@ def open_link_for_launch(
     timeouts: Timeouts,
     config_dir: Path | None = None,
     interrupt: InterruptFlag | None = None,
+    *,
+    engine_spawned: bool = False,
 ) -> object:
-    """The trainer link that the engine's launch arguments describe."""
+    """The trainer link that the engine's launch arguments describe.
+
+    ``engine_spawned``: the engine started this process (``scripts/train.py``), so a change of parent
+    means the game died; socket mode then watches it too (shared memory always does without ``-c``).
+    """
     mode = args.mode
     if isinstance(mode, SharedMemoryArgs):
         from trainer.session import ShmTrainerLink
@@ -143,19 +228,26 @@ def open_link_for_launch(
             interrupted=interrupt.is_set if interrupt is not None else None,
         )
     if isinstance(mode, SocketArgs):
-        from trainer.session import SocketTrainerLink
+        from trainer.session import SocketTrainerLink, parent_watch
 
         return SocketTrainerLink(
             host=mode.host,
             port=mode.port,
             timeouts=timeouts,
+            # Without it a game killed before it connected would leave us waiting the whole connect
+            # timeout (EOF tells us only once a connection exists).
+            peer_alive=parent_watch() if engine_spawned else None,
             interrupted=interrupt.is_set if interrupt is not None else None,
         )
     raise LaunchError(f"Unknown transport in the launch arguments: {mode!r}.")
 
 
-def engine_main(argv: Sequence[str]) -> int:
-    """``scripts/train.py``: the engine's command line, verbatim (spec §1.2-1.4)."""
+def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None) -> int:
+    """``scripts/train.py``: the engine's command line, verbatim (spec §1.2-1.4).
+
+    ``runner`` (default :func:`run_with_link`) is called as ``runner(open_link, options=, task_dir=)`` once
+    the command line and options are valid; :mod:`trainer.distributed` uses it on rank 0.
+    """
     try:
         args = parse_launch_argv(list(argv))
     except ArgvError as error:
@@ -180,8 +272,8 @@ def engine_main(argv: Sequence[str]) -> int:
         print(_error_paragraph(error), file=sys.stderr, flush=True)
         return int(ExitCode.USAGE)
     timeouts = Timeouts.from_env()
-    return run_with_link(
-        lambda flag: open_link_for_launch(args, timeouts, interrupt=flag),
+    return (runner or run_with_link)(
+        lambda flag: open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True),
         options=options,
         task_dir=task_dir,
     )

@@ -162,6 +162,9 @@ def _read_config_file(path: Path) -> bytes:
             "trainer reads the folder the game writes to (-LearningAgentsConfigPath in attach mode, "
             "<task dir>/Configs when the game spawns the trainer)."
         ) from None
+    except OSError as error:
+        # A directory, a permission problem or an I/O error: name the file, never a traceback.
+        raise LaunchError(f"the config file {path} cannot be read: {error.strerror or error}.") from None
 
 
 def _check_snapshot_size(network_id: int, data: bytes | bytearray | memoryview, expected: int) -> None:
@@ -241,6 +244,7 @@ class ShmTrainerLink:
         self._parent_alive = (
             parent_watch() if (watch_parent if watch_parent is not None else not create) else None
         )
+        self._next_peer_check = time.monotonic() + self._timeouts.peer_check_interval
 
     @property
     def guid_string(self) -> str:
@@ -260,16 +264,21 @@ class ShmTrainerLink:
         # The engine unlinks the regions it created when it ends (spec §2.1); ours stays while we run.
         return region_exists(self._controls_name)
 
-    def _wait(self, predicate: Callable[[], T | None], timeout: float, what: str) -> T:
+    def _wait(
+        self, predicate: Callable[[], T | None], timeout: float, what: str, *, interruptible: bool = True
+    ) -> T:
+        # Sends are not interruptible: a SIGINT/SIGTERM in the middle of a round would leave the engine
+        # blocked in ReceiveNetwork for the rest of it (an error there, spec §7.1). The round finishes
+        # (each wait is still bounded by its timeout) and the loop stops at the next step boundary.
         return wait_until(
             predicate,
             timeout=timeout,
             what=what,
             poll_interval=self._timeouts.poll_interval,
             peer_alive=self._peer_alive,
-            stop=self.stop_requested,
+            stop=self._stop_seen,
             peer_check_interval=self._timeouts.peer_check_interval,
-            interrupted=self._interrupted,
+            interrupted=self._interrupted if interruptible else None,
         )
 
     # -- the session -----------------------------------------------------------------------------------
@@ -393,6 +402,7 @@ class ShmTrainerLink:
             self._controls.can_send_network,
             self._timeouts.send,
             f"the game to take the previous network before network {network_id} (NetworkSignal back to 0)",
+            interruptible=False,
         )
         region.buf[:] = data
         self._controls.post_network(network_id)
@@ -407,11 +417,31 @@ class ShmTrainerLink:
             self._controls.can_send_network,
             self._timeouts.send,
             "the game to take the last network before Complete (NetworkSignal back to 0)",
+            interruptible=False,
         )
         self._controls.post_complete()
 
     def stop_requested(self) -> bool:
-        """True once StopSignal was seen; it is cleared right away (the engine does not wait, §2.4)."""
+        """True once StopSignal was seen; it is cleared right away (the engine does not wait, §2.4).
+
+        Raises:
+            PeerGone: the engine is gone (checked every ``peer_check_interval`` seconds). The training
+                loop polls this between steps, so a game that dies while we train (no wait is running)
+                is noticed within that interval instead of at the next sync round.
+        """
+        if self._stop_seen():
+            return True
+        if self._closed:
+            return False
+        now = time.monotonic()
+        if now >= self._next_peer_check:
+            self._next_peer_check = now + self._timeouts.peer_check_interval
+            if not self._peer_alive():
+                raise PeerGone("the engine went away during training")
+        return False
+
+    def _stop_seen(self) -> bool:
+        """StopSignal seen (and cleared); waits poll this (they check the peer themselves)."""
         if self._stopped:
             return True
         if self._closed:
