@@ -1,0 +1,539 @@
+"""The demo report: a metrics table (Markdown and plain text), ``metrics.json`` and a three-panel PNG.
+
+Input is one :class:`DemoReport` value (plain numbers and arrays, no torch, no processes), so rendering is
+testable on synthetic data and the demo's logic stays in :mod:`trainer.demo`. Files written by
+:func:`write_report` into the output folder:
+
+* ``report.md``: what ran, the results table, training facts, settings, the figure;
+* ``report.png``: left, the expert demonstrations coloured by route; middle, the trained policy's
+  closed-loop rollouts coloured the same way (failures grey, collisions marked); right, the training loss;
+* ``metrics.json``: every number of the report, machine-readable (see :func:`report_json`).
+
+matplotlib is optional (the ``plots`` extra): it is imported only inside :func:`render_figure`, with the
+non-interactive Agg backend so the demo runs on a machine without a display. Without it the Markdown and
+JSON are still written and :attr:`ReportFiles.warning` says how to get the figure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from trainer.emulator.tasks import Demonstrations
+from trainer.emulator.tasks.avoid import (
+    ACT_DIM,
+    GAPS,
+    GOAL_Y,
+    MAX_SPEED,
+    MODE_NAMES,
+    OBSTACLES,
+    Rollouts,
+    rollout,
+)
+
+__all__ = [
+    "FIGURE_FILE_NAME",
+    "JSON_FILE_NAME",
+    "MARKDOWN_FILE_NAME",
+    "PLOTS_INSTALL_HINT",
+    "DemoReport",
+    "PlottingUnavailable",
+    "ReportFiles",
+    "ResultRow",
+    "Trajectories",
+    "render_figure",
+    "render_markdown",
+    "report_json",
+    "results_table_markdown",
+    "results_table_text",
+    "write_report",
+]
+
+MARKDOWN_FILE_NAME = "report.md"
+FIGURE_FILE_NAME = "report.png"
+JSON_FILE_NAME = "metrics.json"
+PLOTS_INSTALL_HINT = "pip install 'la-trainer[plots]'  (or: pip install matplotlib)"
+
+FloatArray = npt.NDArray[np.float32]
+
+_ROUTE_COLOURS = ("#1f77b4", "#17becf", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd")
+"""One colour per route (mode index order of :data:`MODE_NAMES`): blues/green for the left side of the
+first obstacle, reds/orange/purple for the right, so the two sides read apart at a glance."""
+_FAILED_COLOUR = "#9a9a9a"
+_FIGURE_SIZE_IN = (16.5, 5.4)
+_FIGURE_DPI = 110
+_X_LIMITS = (-0.62, 0.62)
+_Y_LIMITS = (-0.06, 1.12)
+
+
+class PlottingUnavailable(RuntimeError):
+    """matplotlib cannot be imported; the message says how to install it."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Trajectories:
+    """Episodes to draw, in world units.
+
+    ``paths[i]``: float32 ``(T_i + 1, 2)`` positions from the start to the final position;
+    ``routes[i]``: the route (mode index into :data:`MODE_NAMES`) of a successful episode, −1 otherwise;
+    ``collided[i]``: the episode ended on an obstacle.
+    """
+
+    paths: tuple[FloatArray, ...]
+    routes: npt.NDArray[np.int64]
+    collided: npt.NDArray[np.bool_]
+
+    def __post_init__(self) -> None:
+        n = len(self.paths)
+        if self.routes.shape != (n,) or self.collided.shape != (n,):
+            raise ValueError(
+                f"{n} paths but routes {self.routes.shape} and collided {self.collided.shape} (expected ({n},))"
+            )
+        for i, path in enumerate(self.paths):
+            if path.ndim != 2 or path.shape[1] != 2 or path.shape[0] < 1:
+                raise ValueError(f"path {i} has shape {path.shape}, expected (T + 1, 2)")
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @classmethod
+    def from_rollouts(cls, result: Rollouts, limit: int | None = None) -> Trajectories:
+        """Recorded rollouts (``rollout(..., record=True)``), the first ``limit`` of them: each agent's
+        observed positions plus the position its last action led to."""
+        n = len(result.observations)
+        if n == 0:
+            raise ValueError("the rollouts were not recorded (rollout(..., record=True))")
+        count = n if limit is None else min(limit, n)
+        paths = []
+        for obs, act in zip(result.observations[:count], result.actions[:count], strict=True):
+            final = obs[-1] + np.float32(MAX_SPEED) * act[-1]
+            paths.append(np.vstack([obs, final[None, :]]).astype(np.float32))
+        ok = result.success & (result.side >= 0) & (result.gap >= 0)
+        routes = np.where(ok, result.side.astype(np.int64) * len(GAPS) + result.gap, -1).astype(np.int64)
+        return cls(tuple(paths), routes[:count], result.collided[:count].copy())
+
+    @classmethod
+    def from_demonstrations(cls, demos: Demonstrations) -> Trajectories:
+        """Recorded expert episodes with their routes.
+
+        Demonstrations do not store their route, so each episode's actions are replayed open loop through
+        the same world (:func:`trainer.emulator.tasks.avoid.rollout`) from its first observation: the
+        task's own crossing rules classify it, rather than a second copy of them here.
+        """
+        longest = max(int(obs.shape[0]) for obs, _ in demos.episodes)
+        actions = np.zeros((demos.episode_num, longest, ACT_DIM), np.float32)
+        for i, (_, act) in enumerate(demos.episodes):
+            actions[i, : act.shape[0]] = act
+        starts = np.stack([obs[0] for obs, _ in demos.episodes]).astype(np.float64)
+        step = 0
+
+        def replay(idx: npt.NDArray[np.intp], obs: FloatArray) -> FloatArray:
+            # Every live agent is on the same step: rollout advances them in lockstep.
+            nonlocal step
+            chunk: FloatArray = actions[idx, min(step, longest - 1)]
+            step += 1
+            return chunk
+
+        return cls.from_rollouts(rollout(replay, starts, record=True))
+
+    def route_counts(self) -> npt.NDArray[np.int64]:
+        """How many episodes took each route, ``(len(MODE_NAMES),)``."""
+        ok = self.routes[self.routes >= 0]
+        counts: npt.NDArray[np.int64] = np.bincount(ok, minlength=len(MODE_NAMES)).astype(np.int64)
+        return counts
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRow:
+    """One line of the results table: a policy, its Euler step count (None for the scripted expert) and
+    the B2 metrics of :meth:`trainer.emulator.tasks.avoid.Rollouts.metrics`."""
+
+    policy: str
+    ode_steps: int | None
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DemoReport:
+    """Everything the report shows.
+
+    ``loss_curve``: (iteration, smoothed training loss) pairs as the trainer printed them.
+    ``training``/``settings``/``timings``: flat maps of facts (numbers, strings, bools); ``timings`` in
+    seconds per stage. ``notes``: sentences shown under the table (early stop, missing pieces).
+    """
+
+    title: str
+    summary: str
+    rows: tuple[ResultRow, ...]
+    expert: Trajectories
+    expert_label: str
+    policy: Trajectories
+    policy_label: str
+    loss_curve: tuple[tuple[int, float], ...]
+    training: Mapping[str, Any]
+    settings: Mapping[str, Any]
+    timings: Mapping[str, float]
+    notes: tuple[str, ...] = ()
+    command: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportFiles:
+    """Paths written by :func:`write_report`; ``figure`` is None (and ``warning`` set) without matplotlib."""
+
+    markdown: Path
+    metrics: Path
+    figure: Path | None
+    warning: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tables
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def _row_cells(row: ResultRow) -> list[str]:
+    m = row.metrics
+    expert = row.ode_steps is None
+    return [
+        row.policy,
+        "–" if expert else str(row.ode_steps),
+        _fmt(m.get("success"), 3),
+        _fmt(m.get("entropy"), 3),
+        _fmt(m.get("collision"), 3),
+        _fmt(m.get("mean_steps"), 1),
+        # The scripted expert's call time measures numpy bookkeeping, not a network: not comparable.
+        "–" if expert else _fmt(m.get("ms_per_call"), 2),
+    ]
+
+
+_HEADERS = ["policy", "ODE steps", "success", "entropy", "collision", "steps", "ms/call"]
+
+
+def results_table_markdown(rows: Sequence[ResultRow]) -> str:
+    """A Markdown table: the headline metrics, then one column per route (successful episodes)."""
+    headers = _HEADERS + list(MODE_NAMES)
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|",
+    ]
+    for row in rows:
+        routes = [_fmt(row.metrics.get(f"mode/{name}"), 0) for name in MODE_NAMES]
+        lines.append("| " + " | ".join(_row_cells(row) + routes) + " |")
+    return "\n".join(lines)
+
+
+def results_table_text(rows: Sequence[ResultRow]) -> str:
+    """The headline columns aligned for a terminal (first column left, numbers right)."""
+    table = [_HEADERS] + [_row_cells(row) for row in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(_HEADERS))]
+    out = []
+    for r in table:
+        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def _facts_table(facts: Mapping[str, Any]) -> str:
+    lines = ["| | |", "|---|---|"]
+    for key, value in facts.items():
+        if isinstance(value, float):
+            text = f"{value:.4g}"
+        elif isinstance(value, (list, tuple)):
+            text = ", ".join(str(v) for v in value)
+        else:
+            text = str(value)
+        lines.append(f"| {key} | {text} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# JSON and Markdown
+
+
+def _finite_or_none(value: float) -> float | None:
+    # JSON has no NaN/Infinity; a missing number is null rather than an invalid file.
+    return value if math.isfinite(value) else None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return _finite_or_none(float(value))
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def report_json(report: DemoReport) -> dict[str, Any]:
+    """The machine-readable report.
+
+    Keys: ``title``; ``expert`` (metrics of the first row without ODE steps); ``policy`` (metrics per
+    Euler step count, keyed by the count as a string); ``rows`` (every table row in order); ``training``
+    (facts plus ``loss_curve`` as [iteration, loss] pairs); ``settings``; ``timings_s``; ``notes``;
+    ``command``. Non-finite numbers become null.
+    """
+    expert = next((dict(r.metrics) for r in report.rows if r.ode_steps is None), {})
+    policy = {str(r.ode_steps): dict(r.metrics) for r in report.rows if r.ode_steps is not None}
+    training = dict(report.training)
+    training["loss_curve"] = [[int(i), float(loss)] for i, loss in report.loss_curve]
+    result: dict[str, Any] = _jsonable(
+        {
+            "title": report.title,
+            "expert": expert,
+            "policy": policy,
+            "rows": [
+                {"policy": r.policy, "ode_steps": r.ode_steps, "metrics": dict(r.metrics)}
+                for r in report.rows
+            ],
+            "training": training,
+            "settings": dict(report.settings),
+            "timings_s": dict(report.timings),
+            "notes": list(report.notes),
+            "command": report.command,
+        }
+    )
+    return result
+
+
+def render_markdown(report: DemoReport, figure_name: str | None) -> str:
+    """``report.md``: summary, results table, notes, the figure (if drawn), training facts, settings."""
+    parts = [
+        f"# {report.title}",
+        "",
+        report.summary,
+        "",
+        "## Results",
+        "",
+        results_table_markdown(report.rows),
+    ]
+    parts += [
+        "",
+        "*success*: reached y ≥ 1 without touching an obstacle; *entropy*: Shannon entropy of the route "
+        "histogram of successful episodes / log 6 (1.0 = all six routes equally often); *collision*: ended "
+        "on an obstacle; *steps*: mean episode length; *ms/call*: wall-clock per batched policy call "
+        "through the engine's inference path (encoder → Euler steps of the denoiser → decoder). The route "
+        "columns count successful episodes per route (side of the first obstacle – gap of the second row).",
+    ]
+    if report.notes:
+        parts += ["", *[f"> {note}" for note in report.notes]]
+    if figure_name is not None:
+        parts += [
+            "",
+            "## Trajectories and loss",
+            "",
+            f"![expert vs policy trajectories and the training loss]({figure_name})",
+            "",
+            f"Left: {report.expert_label}. Middle: {report.policy_label}. Colours are routes; grey paths "
+            "failed (× where they hit an obstacle). Right: the trainer's smoothed loss as printed on stdout "
+            "(a dotted line marks where the trainer switches to few-step distillation, whose loss has another "
+            "scale).",
+        ]
+    parts += ["", "## Training", "", _facts_table(report.training)]
+    parts += ["", "## Settings", "", _facts_table(report.settings)]
+    if report.timings:
+        parts += [
+            "",
+            "## Wall-clock",
+            "",
+            _facts_table({k: f"{v:.1f} s" for k, v in report.timings.items()}),
+        ]
+    if report.command:
+        parts += ["", "Reproduce with:", "", "```bash", report.command, "```"]
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Figure
+
+
+def _import_pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlottingUnavailable(
+            f"matplotlib is not installed, so {FIGURE_FILE_NAME} was not drawn. Install it with "
+            f"`{PLOTS_INSTALL_HINT}` and run the demo again."
+        ) from None
+    # Agg: no display needed, and the demo never opens a window. Only switch when pyplot was not already
+    # set up by the caller (a notebook keeps its own backend).
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _draw_world(ax: Any) -> None:
+    from matplotlib.patches import Circle
+
+    for cx, cy, r in OBSTACLES:
+        ax.add_patch(Circle((cx, cy), r, facecolor="#444444", edgecolor="black", alpha=0.85, zorder=3))
+    ax.axhline(GOAL_Y, color="#2a9d2a", linestyle="--", linewidth=1.0, zorder=1)
+    ax.text(_X_LIMITS[1] - 0.02, GOAL_Y + 0.015, "goal", ha="right", va="bottom", color="#2a9d2a", fontsize=8)
+    ax.set_xlim(*_X_LIMITS)
+    ax.set_ylim(*_Y_LIMITS)
+    ax.set_aspect("equal")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+
+
+def _draw_paths(ax: Any, trajectories: Trajectories, title: str) -> None:
+    _draw_world(ax)
+    # Failures first and underneath, so the routes stay readable on top of them.
+    order = sorted(range(len(trajectories)), key=lambda i: int(trajectories.routes[i] >= 0))
+    for i in order:
+        path = trajectories.paths[i]
+        route = int(trajectories.routes[i])
+        if route >= 0:
+            ax.plot(path[:, 0], path[:, 1], color=_ROUTE_COLOURS[route], linewidth=0.8, alpha=0.55, zorder=2)
+        else:
+            ax.plot(path[:, 0], path[:, 1], color=_FAILED_COLOUR, linewidth=0.7, alpha=0.6, zorder=2)
+            if trajectories.collided[i]:
+                ax.plot(path[-1, 0], path[-1, 1], marker="x", color="black", markersize=4, zorder=4)
+    counts = trajectories.route_counts()
+    handles = []
+    from matplotlib.lines import Line2D
+
+    # Legends fill column by column: this order puts the gaps in columns, the L side above the R side.
+    for k in (
+        side * len(GAPS) + gap for gap in range(len(GAPS)) for side in range(len(MODE_NAMES) // len(GAPS))
+    ):
+        label = f"{MODE_NAMES[k]} ({counts[k]})"
+        handles.append(Line2D([0], [0], color=_ROUTE_COLOURS[k], linewidth=2, label=label))
+    failed = int(np.sum(trajectories.routes < 0))
+    if failed:
+        handles.append(Line2D([0], [0], color=_FAILED_COLOUR, linewidth=2, label=f"failed ({failed})"))
+    # Below the axes: inside, any corner covers some route.
+    ax.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=7, ncol=4, frameon=False
+    )
+    ax.set_title(title, fontsize=10)
+
+
+def _marker(ax: Any, x: int, y: float, text: str, colour: str, style: str, valign: str) -> None:
+    """A vertical line at iteration ``x`` labelled ``text`` at axes height ``y``, the label on the side
+    with room (left of lines in the right third of the axis)."""
+    ax.axvline(x, color=colour, linestyle=style, linewidth=1.0)
+    right = x > ax.get_xlim()[0] + 0.66 * (ax.get_xlim()[1] - ax.get_xlim()[0])
+    ax.text(
+        x,
+        y,
+        f"{text} " if right else f" {text}",
+        transform=ax.get_xaxis_transform(),
+        color=colour,
+        fontsize=8,
+        ha="right" if right else "left",
+        va=valign,
+    )
+
+
+def _draw_loss(ax: Any, curve: Sequence[tuple[int, float]], training: Mapping[str, Any]) -> None:
+    points = [(i, loss) for i, loss in curve if math.isfinite(loss) and loss > 0]
+    distill = training.get("distillation_from_iteration")
+    done = training.get("iterations_done")
+    # The trainer announces the phase when it plans it; a run stopped before it never distilled.
+    reached = isinstance(distill, int) and not (isinstance(done, int) and done < distill)
+    start = distill if reached and isinstance(distill, int) else None
+    # From ``start`` on the trainer prints the few-step distillation loss: another objective on another
+    # scale, so it gets its own colour rather than looking like a sudden improvement.
+    phases = [
+        ("flow matching", "#1f77b4", [p for p in points if start is None or p[0] < start]),
+        ("distillation", "#ff7f0e", [p for p in points if start is not None and p[0] >= start]),
+    ]
+    for label, colour, part in phases:
+        if part:
+            its, losses = zip(*part, strict=True)
+            ax.plot(its, losses, color=colour, linewidth=1.5, label=label)
+    if points:
+        ax.set_yscale("log")
+        if start is not None:
+            ax.legend(loc="upper right", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no loss values reported", ha="center", va="center", transform=ax.transAxes)
+    planned = training.get("iterations_planned")
+    if isinstance(planned, int) and planned > 0:
+        ax.set_xlim(0, planned)
+    if start is not None:
+        _marker(ax, start, 0.02, "distillation", "#7f7f7f", ":", "bottom")
+    stopped = training.get("stopped_early")
+    if isinstance(stopped, str) and stopped != "no" and isinstance(done, int):
+        _marker(ax, done, 0.98 if start is None else 0.85, f"stopped: {stopped}", "#d62728", "--", "top")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("training loss (smoothed)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title("training loss", fontsize=10)
+
+
+def render_figure(report: DemoReport, path: Path) -> None:
+    """Draw the three panels into ``path`` (PNG). Raises :class:`PlottingUnavailable` without matplotlib."""
+    plt = _import_pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=_FIGURE_SIZE_IN, gridspec_kw={"width_ratios": [1, 1, 1.15]})
+    try:
+        _draw_paths(axes[0], report.expert, report.expert_label)
+        _draw_paths(axes[1], report.policy, report.policy_label)
+        _draw_loss(axes[2], report.loss_curve, report.training)
+        fig.suptitle(report.title, fontsize=12)
+        fig.tight_layout()
+        # "tight" keeps the legends under the trajectory panels inside the image.
+        fig.savefig(path, dpi=_FIGURE_DPI, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Files
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    # A reader (or a second demo run) never sees half a report. A plain open() (not mkstemp) so that the
+    # file gets the user's umask permissions like any other output.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_report(report: DemoReport, out_dir: Path) -> ReportFiles:
+    """Write ``metrics.json``, ``report.png`` (when matplotlib is available) and ``report.md`` into
+    ``out_dir`` (created if missing). A stale ``report.png`` from an earlier run is removed when no new
+    one can be drawn, so the Markdown never shows an old figure."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = out_dir / JSON_FILE_NAME
+    _write_text_atomically(metrics_path, json.dumps(report_json(report), indent=2) + "\n")
+    figure_path: Path | None = out_dir / FIGURE_FILE_NAME
+    warning = None
+    try:
+        render_figure(report, out_dir / FIGURE_FILE_NAME)
+    except PlottingUnavailable as error:
+        warning = str(error)
+        (out_dir / FIGURE_FILE_NAME).unlink(missing_ok=True)
+        figure_path = None
+    markdown_path = out_dir / MARKDOWN_FILE_NAME
+    text = render_markdown(report, FIGURE_FILE_NAME if figure_path is not None else None)
+    if warning is not None:
+        text += f"\n> {warning}\n"
+    _write_text_atomically(markdown_path, text)
+    return ReportFiles(markdown_path, metrics_path, figure_path, warning)
