@@ -95,7 +95,7 @@ def record_command(
       la-trainer record Saved/Recordings/*.record --schema Saved/Recordings/schema.json --out runs/rec1
     """
     from protocol.errors import ProtocolError
-    from protocol.record import read_records, records_to_replay_buffer
+    from protocol.record import Record, read_records, records_to_replay_buffer
     from trainer.app import run_with_link
     from trainer.emulator.game import FileExport
     from trainer.emulator.session import EngineTask, SessionSettings, build_session_config
@@ -103,7 +103,7 @@ def record_command(
     from trainer.session import FileTrainerLink
 
     obs_schema, act_schema = _load_schemas(schema_path)
-    all_records = []
+    all_records: list[Record] = []
     for path in records:
         try:
             all_records.extend(read_records(path.read_bytes()))
