@@ -17,3 +17,12 @@ except ImportError:  # pragma: no cover - protocol tests run without torch
     torch = None  # type: ignore[assignment]
 else:
     torch.set_num_threads(1)
+
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # pragma: no cover
+    pass
+else:
+    # No per-example deadline: CI machines are shared and timing is not what these tests assert.
+    _hypothesis_settings.register_profile("la-trainer", deadline=None)
+    _hypothesis_settings.load_profile("la-trainer")

@@ -385,9 +385,13 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
 
 
 def shm_entries() -> set[str]:
-    """Names in ``/dev/shm`` (empty where it does not exist)."""
+    """Names in ``/dev/shm`` that could be protocol regions (empty where it does not exist).
+
+    POSIX semaphores (``sem.*``, e.g. Python multiprocessing's) live in the same folder but are never
+    protocol regions; other processes on the machine create them at any time, so they are ignored.
+    """
     try:
-        return set(os.listdir(_DEV_SHM))
+        return {name for name in os.listdir(_DEV_SHM) if not name.startswith("sem.")}
     except OSError:
         return set()
 
