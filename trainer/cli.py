@@ -91,7 +91,6 @@ class _LazyGroup(click.Group):
     fast (no torch or matplotlib import just to list commands)."""
 
     lazy: ClassVar[dict[str, tuple[str, str, str]]] = {
-        "bench": ("trainer.bench", "bench_command", "Measure training, ingest, startup and sync speed."),
         "demo": (
             "trainer.demo",
             "demo_command",

@@ -20,7 +20,7 @@ from protocol.nne.layers import Layer
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import Snapshot
 from trainer.data import TensorData, TrainingData
-from trainer.errors import BadData
+from trainer.errors import BadData, Unsupported
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
 from trainer.options import TrainerOptions
@@ -63,6 +63,15 @@ class TrainingJob:
         device: torch.device,
     ) -> TrainingJob:
         training = config.trainer.training
+        # Not in this version: refuse rather than silently ignore (the options exist so that settings
+        # files written for later versions are read, not rejected as unknown).
+        if options.resume:
+            raise Unsupported("--resume is not implemented in this version of la-trainer yet.")
+        if options.ode_steps > 0:
+            raise Unsupported(
+                "ode_steps (few-step distillation) is not implemented in this version of la-trainer yet; "
+                "unset LA_TRAINER_ODE_STEPS / --ode-steps / 'ode_steps' in la-trainer.json."
+            )
         # Same seed, same CPU result: every random draw comes from this one generator (spec §4.1 Seed).
         torch.manual_seed(training.seed)
         generator = torch.Generator(device=device)
