@@ -196,6 +196,8 @@ class HarnessConfig:
     plots: bool = True
     echo: bool = False
     quick: bool = False
+    resume: bool = False
+    """Keep the successful trainings recorded in ``<out>/partial.json`` and run only the others."""
     jobs: int = 1
     """Trainings run at the same time (each in its own process). > 1 shortens the run but makes the
     wall-clock columns (train s, ms/call) depend on the sharing; the quality numbers are unaffected."""
@@ -622,7 +624,8 @@ def task_table(
         if not entries:
             cells = [_variant_desc(v) + _failed_note(v, results), str(v.iterations)]
             cells += [f"{v.chunk_size}/{v.execute}"] if chunk_col else []
-            cells += ["failed"] + [""] * (len(metrics) + 3)
+            ran = any(r.variant == v.key for r in results)
+            cells += ["failed" if ran else "not run"] + [""] * (len(metrics) + 3)
             lines.append("| " + " | ".join(cells) + " |")
             continue
         for s in entries:
@@ -765,7 +768,8 @@ def write_plots(
             ax.set_xlabel("train steps")
             ax.set_ylabel(f"{PRIMARY[task]} (NFE {CURVE_NFE})")
             ax.set_title(TASK_TITLES[task], fontsize=9)
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
         save(fig, "curves.png")
 
     # 3. B1 action samples of the first seed.
@@ -889,6 +893,16 @@ def run_benchmark(cfg: HarnessConfig, command: str = "") -> dict[str, Any]:
     order = sorted(range(len(variants)), key=lambda i: (variants[i].priority, i))
     jobs = [(variants[i], seed) for i in order for seed in cfg.seeds]
     by_job: dict[tuple[str, int], RunResult] = {}
+    if cfg.resume:
+        # Keep the successful runs of an interrupted run with the same output folder; redo the rest.
+        for run in _load_partial_runs(cfg.out / "partial.json"):
+            if run.failure is None and any(v.key == run.variant and s == run.seed for v, s in jobs):
+                by_job[(run.variant, run.seed)] = run
+        jobs = [(v, seed) for v, seed in jobs if (v.key, seed) not in by_job]
+        print(
+            f"quality: resuming: {len(by_job)} trainings kept from partial.json, {len(jobs)} to run",
+            flush=True,
+        )
 
     def announce(v: Variant, seed: int, result: RunResult, seconds: float) -> None:
         primary = PRIMARY[v.task]
@@ -934,9 +948,36 @@ def run_benchmark(cfg: HarnessConfig, command: str = "") -> dict[str, Any]:
             shutil.rmtree(work_dir, ignore_errors=True)
     results.extend(by_job[(v.key, seed)] for v in variants for seed in cfg.seeds if (v.key, seed) in by_job)
 
+    return write_report(
+        cfg,
+        variants,
+        results,
+        plot_data,
+        command=command,
+        started_at=started_at,
+        total_s=time.perf_counter() - started,
+        load_start=load_start,
+    )
+
+
+def write_report(
+    cfg: HarnessConfig,
+    variants: Sequence[Variant],
+    results: Sequence[RunResult],
+    plot_data: Mapping[str, Any],
+    *,
+    command: str,
+    started_at: str,
+    total_s: float,
+    load_start: Sequence[float],
+    complete: bool = True,
+) -> dict[str, Any]:
+    """Summary, targets, tables (printed and ``tables.md``), plots and ``results.json`` for ``results``.
+
+    ``complete`` False marks tables rebuilt from an interrupted run's ``partial.json`` (``--tables-from``).
+    """
     summary = summarise(variants, results)
     targets = check_targets(variants, summary)
-    total_s = time.perf_counter() - started
     sections: list[str] = []
     for task in cfg.tasks:
         sections.append(f"### {TASK_TITLES[task]}\n\n{task_table(task, variants, summary, results)}")
@@ -951,6 +992,8 @@ def run_benchmark(cfg: HarnessConfig, command: str = "") -> dict[str, Any]:
         lines = [
             f"- {c['variant']} NFE {c['nfe']}: {c['metric']} {c['mean']:.3f} (min over seeds {c['min']:.3f}) "
             f">= {c['threshold']}: {'PASS' if c['passed'] else 'FAIL'}"
+            if math.isfinite(c["mean"])
+            else f"- {c['variant']} NFE {c['nfe']}: {c['metric']} >= {c['threshold']}: no result"
             for c in targets
         ]
         sections.append("### Targets (mean over seeds)\n\n" + "\n".join(lines))
@@ -964,6 +1007,13 @@ def run_benchmark(cfg: HarnessConfig, command: str = "") -> dict[str, Any]:
         f"(1-min load average {load_start[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, "
         f"{os.cpu_count()} CPUs)."
     )
+    if not complete:
+        done = len({(r.variant, r.seed) for r in results})
+        header = (
+            f"PARTIAL: {done} of {len(variants) * len(cfg.seeds)} trainings of an interrupted run; rows show "
+            f"the seeds that finished (n in results.json). Wall-clock and load refer to the rebuild. "
+            + header
+        )
     tables = header + "\n\n" + "\n\n".join(sections) + "\n"
     print("\n" + tables, flush=True)
 
@@ -971,6 +1021,7 @@ def run_benchmark(cfg: HarnessConfig, command: str = "") -> dict[str, Any]:
     report = {
         "command": command,
         "started_at": started_at,
+        "complete": complete,
         "total_s": total_s,
         "machine": {
             "python": platform.python_version(),
@@ -1064,7 +1115,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--jobs", type=int, default=1, help="trainings at the same time (wall-clock columns then shared)"
     )
+    p.add_argument("--resume", action="store_true", help="keep finished trainings from <out>/partial.json")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--tables-from",
+        type=Path,
+        default=None,
+        help="rebuild tables.md/results.json from an interrupted run's partial.json (trains nothing)",
+    )
     p.add_argument("--echo", action="store_true", help="echo the trainer's output")
     return p
 
@@ -1100,6 +1158,7 @@ def config_from_args(args: argparse.Namespace) -> HarnessConfig:
         plots=not args.no_plots,
         echo=args.echo,
         jobs=max(1, args.jobs),
+        resume=args.resume,
     )
     if args.quick:
         # A smoke run of the whole pipeline, not a measurement: every number it prints is under-trained.
@@ -1124,11 +1183,49 @@ def config_from_args(args: argparse.Namespace) -> HarnessConfig:
     return cfg
 
 
+def _load_partial_runs(path: Path) -> list[RunResult]:
+    """The runs recorded in a ``partial.json`` (none when the file does not exist)."""
+    if not path.is_file():
+        return []
+    partial = json.loads(path.read_text(encoding="utf-8"))
+    return [
+        RunResult(**{**r, "curve": [tuple(point) for point in r.get("curve", [])]})
+        for r in partial.get("runs", [])
+    ]
+
+
+def tables_from_partial(path: Path, override: HarnessConfig) -> int:
+    """Tables of the runs an interrupted benchmark finished: its plan comes from the command recorded in
+    ``partial.json``; the output goes next to it (or to ``--out`` when given explicitly)."""
+    partial = json.loads(path.read_text(encoding="utf-8"))
+    recorded = str(partial.get("command", "")).split()
+    argv = recorded[2:] if recorded[:2] == ["python", "benchmarks/quality.py"] else recorded
+    cfg = replace(config_from_args(build_parser().parse_args(argv)), out=path.parent, plots=override.plots)
+    runs = [
+        RunResult(**{**r, "curve": [tuple(point) for point in r.get("curve", [])]})
+        for r in partial.get("runs", [])
+    ]
+    write_report(
+        cfg,
+        plan_variants(cfg),
+        runs,
+        {},
+        command=" ".join(recorded),
+        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        total_s=0.0,
+        load_start=os.getloadavg(),
+        complete=False,
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry; returns 0 when every training ran (targets are reported, not enforced), 1 otherwise."""
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
     command = "python benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.tables_from is not None:
+        return tables_from_partial(args.tables_from, cfg)
     report = run_benchmark(cfg, command)
     failed = [r for r in report["runs"] if r["failure"]]
     return 1 if failed else 0
