@@ -1,0 +1,306 @@
+"""A hostile or broken peer on the socket (spec §3): truncation, absurd lengths, bad signals, silence,
+a second client, a trickle.
+
+Facts: every case ends with a clear, categorised error (PEER_GONE for a peer that vanished, PROTOCOL for
+bytes that break the framing, TIMEOUT for silence) within a bound that does not depend on what the peer
+claims; no length from the peer is allocated before it is checked; the listening port is free afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol.config import socket_config_to_json
+from protocol.replay import ReplayLayout
+from protocol.stream import DEFAULT_MAX_CONFIG_BYTES, Signal, encode_config, encode_network_to_trainer
+from tests.faults.conftest import (
+    FAST,
+    SCALED,
+    SETTINGS,
+    assert_no_traceback,
+    load_factor,
+    run_in_process,
+    small_task,
+    spawn_trainer,
+    wait_for,
+)
+from trainer.emulator.launch import EngineLayout, socket_command
+from trainer.emulator.session import build_session_config, free_tcp_port
+from trainer.errors import PeerGone, WaitTimeout, exit_code_for
+from trainer.exitcodes import ExitCode
+from trainer.session import SocketTrainerLink
+
+TASK = small_task(size=4)
+SMALL = replace(SETTINGS, hidden_layer_size=4, iteration_num=30)
+CONFIG, BLOBS = build_session_config(TASK, SMALL, None)
+RAW_CONFIG = json.dumps(socket_config_to_json(CONFIG)).encode()
+LAYOUT = ReplayLayout.from_config(CONFIG.replay_buffer(0))
+MESSAGES = {
+    "SendConfig": b"".join(encode_config(RAW_CONFIG)),
+    **{f"SendNetwork {i}": b"".join(encode_network_to_trainer(i, blob)) for i, blob in enumerate(BLOBS)},
+    "SendExperience": bytes([Signal.SEND_EXPERIENCE]) + LAYOUT.encode_socket(TASK.replay_buffer, -1),
+}
+"""What a game sends after connecting, in order (config, networks 0-2, the replay buffer)."""
+CASE_BOUND_S = 1.0
+"""A truncated stream is reported this fast: EOF is immediate, no wait runs to its timeout."""
+
+
+def port_is_free(port: int) -> bool:
+    """Nobody listens on ``port`` any more: it can be bound and listened on again."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+            probe.listen(1)
+        except OSError:
+            return False
+    return True
+
+
+def drive_link(link: SocketTrainerLink) -> None:
+    """The trainer half up to training: config, networks 0-2, the replay buffer."""
+    link.receive_config()
+    for network_id in range(3):
+        link.receive_network(network_id)
+    link.receive_experience()
+
+
+def error_for_stream(data: bytes, *, close: bool = True) -> BaseException:
+    """Send ``data`` (then close) to a fresh link and return what the link raised."""
+    link = SocketTrainerLink("127.0.0.1", 0, FAST)
+    port = link.port
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(data)
+            if not close:
+                return _drive_expecting_error(link)
+        return _drive_expecting_error(link)
+    finally:
+        link.close()
+        assert port_is_free(port), f"port {port} still in use after close"
+
+
+def _drive_expecting_error(link: SocketTrainerLink) -> BaseException:
+    try:
+        drive_link(link)
+    except Exception as error:
+        return error
+    raise AssertionError("the whole session decoded from a damaged stream")
+
+
+def split_points(message: bytes) -> Iterator[int]:
+    return iter(range(len(message)))
+
+
+def test_truncation_at_every_split_point_of_every_message_is_peer_gone() -> None:
+    """Invariant: a stream cut at any byte ends with PeerGone, saying 'in the middle of a message' for a
+    cut inside one and naming what was awaited for a cut between two, within CASE_BOUND_S."""
+    before = b""
+    cases = 0
+    factor = load_factor()
+    for name, message in MESSAGES.items():
+        for cut in split_points(message):
+            started = time.monotonic()
+            error = error_for_stream(before + message[:cut])
+            elapsed = time.monotonic() - started
+            where = f"{name} cut after {cut} of {len(message)} bytes"
+            assert isinstance(error, PeerGone), f"{where}: {error!r}"
+            assert exit_code_for(error) is ExitCode.PEER_GONE
+            if cut:
+                assert "in the middle of a message" in str(error), f"{where}: {error}"
+            else:
+                assert "waiting for" in str(error), f"{where}: {error}"
+            assert elapsed < CASE_BOUND_S * factor, f"{where}: took {elapsed:.2f} s"
+            cases += 1
+        before += message
+    assert cases == sum(len(m) for m in MESSAGES.values())
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        (struct.pack("<Bi", Signal.SEND_CONFIG, 2**31 - 1), "ConfigByteNum"),
+        (struct.pack("<Bi", Signal.SEND_CONFIG, DEFAULT_MAX_CONFIG_BYTES + 1), "ConfigByteNum"),
+        (struct.pack("<Bi", Signal.SEND_CONFIG, -1), "ConfigByteNum"),
+        (struct.pack("<Bi", Signal.SEND_CONFIG, -(2**31)), "ConfigByteNum"),
+        (MESSAGES["SendConfig"] + struct.pack("<Bi", Signal.SEND_NETWORK, 7), "NetworkId"),
+        (MESSAGES["SendConfig"] + struct.pack("<Bi", Signal.SEND_NETWORK, -1), "NetworkId"),
+        (
+            MESSAGES["SendConfig"] + struct.pack("<B4i", Signal.SEND_EXPERIENCE, -1, 0, 2**31 - 1, 4),
+            "EpisodeNum",
+        ),
+        (MESSAGES["SendConfig"] + struct.pack("<B4i", Signal.SEND_EXPERIENCE, -1, 0, 4, -5), "StepNum"),
+        (MESSAGES["SendConfig"] + struct.pack("<B4i", Signal.SEND_EXPERIENCE, -1, 9, 4, 4), "ReplayBufferId"),
+        (bytes([0]), "signal"),
+        (bytes([8]), "signal"),
+        (bytes([255]), "signal"),
+        (bytes([Signal.RECV_NETWORK]), "signal"),  # a trainer->game signal coming from the game
+        (bytes([Signal.RECV_PING]), "signal"),
+    ],
+    ids=[
+        "config-2^31-1",
+        "config-max+1",
+        "config-negative",
+        "config-int32-min",
+        "network-unknown-id",
+        "network-negative-id",
+        "experience-2^31-1-episodes",
+        "experience-negative-steps",
+        "experience-unknown-buffer",
+        "signal-0",
+        "signal-8",
+        "signal-255",
+        "signal-recv-network",
+        "signal-recv-ping",
+    ],
+)
+def test_bad_lengths_and_signals_are_protocol_errors_before_any_allocation(data: bytes, field: str) -> None:
+    started = time.monotonic()
+    error = error_for_stream(data, close=False)  # the peer stays connected: the bytes alone must fail
+    assert exit_code_for(error) is ExitCode.PROTOCOL, repr(error)
+    assert field.lower() in str(error).lower(), str(error)
+    assert time.monotonic() - started < CASE_BOUND_S * load_factor()
+
+
+# -- whole runs (exit codes from run_with_link) -------------------------------------------------------------
+
+
+def socket_run(game: Callable[[int], None], capfd: pytest.CaptureFixture[str], **options: Any) -> Any:
+    from tests.faults.conftest import in_process_options
+
+    ports: list[int] = []
+
+    def open_link(flag: Any) -> SocketTrainerLink:
+        link = SocketTrainerLink("127.0.0.1", 0, FAST, interrupted=flag.is_set)
+        ports.append(link.port)
+        return link
+
+    run = run_in_process(
+        open_link, lambda get: game(get().port), capfd, task_dir=None, options=in_process_options(**options)
+    )
+    assert port_is_free(ports[0]), "the trainer's port is still taken after it exited"
+    return run
+
+
+def test_a_client_that_sends_nothing_times_out_on_the_config(capfd: pytest.CaptureFixture[str]) -> None:
+    held: list[socket.socket] = []
+    started = time.monotonic()
+    run = socket_run(lambda port: held.append(socket.create_connection(("127.0.0.1", port))), capfd)
+    elapsed = time.monotonic() - started
+    for client in held:
+        client.close()
+    assert run.code == int(ExitCode.TIMEOUT), run.output
+    assert "config" in run.output
+    assert FAST.config <= elapsed < 2 * FAST.config * load_factor(), elapsed
+    assert_no_traceback(run.output)
+
+
+def test_a_trickle_of_one_byte_per_second_does_not_extend_the_timeout(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The wait for a message is bounded as a whole, not per byte (a slowloris peer cannot hold it)."""
+
+    def trickle(port: int) -> None:
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            for byte in MESSAGES["SendConfig"][: int(2 * FAST.config) + 2]:
+                try:
+                    client.sendall(bytes([byte]))
+                except OSError:
+                    return  # the trainer gave up and closed: what we want
+                time.sleep(1.0)
+
+    started = time.monotonic()
+    run = socket_run(trickle, capfd)
+    elapsed = time.monotonic() - started
+    assert run.code == int(ExitCode.TIMEOUT), run.output
+    assert elapsed < 2 * FAST.config * load_factor(), elapsed
+
+
+def test_a_second_client_is_refused_and_the_first_session_completes(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from trainer.emulator.game import Completed, SocketGame
+
+    second: list[str] = []
+
+    def game(port: int) -> None:
+        first = SocketGame.connect("127.0.0.1", port, timeout=10.0)
+        try:
+            first.begin(CONFIG)
+            time.sleep(0.05)  # the trainer has accepted the first client and closed its listener
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2.0) as intruder:
+                    intruder.sendall(MESSAGES["SendConfig"])
+                    intruder.settimeout(2.0)
+                    second.append("eof" if intruder.recv(1) == b"" else "data")
+            except OSError as error:
+                second.append(type(error).__name__)
+            for network_id, blob in enumerate(BLOBS):
+                first.send_network(network_id, blob)
+            first.send_experience(TASK.replay_buffer)
+            deadline = time.monotonic() + 20.0
+            while time.monotonic() < deadline:
+                if first.has_network_or_completed() and isinstance(first.receive_round(), Completed):
+                    return
+                time.sleep(0.001)
+            raise TimeoutError("no Complete")
+        finally:
+            first.done()
+
+    run = socket_run(game, capfd)
+    assert run.game_error is None, run.game_error
+    assert run.code == int(ExitCode.OK), run.output
+    assert second and second[0] in ("ConnectionRefusedError", "ConnectionResetError", "eof"), second
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_trainer_rejects_a_2_31_config_length_and_frees_its_port(tmp_path: Path) -> None:
+    layout = EngineLayout.create(tmp_path / "engine")
+    port = free_tcp_port()
+    proc = spawn_trainer(socket_command(layout, "Training", "127.0.0.1", port), layout.root)
+    try:
+        deadline = time.monotonic() + 60.0
+        client = None
+        while client is None and time.monotonic() < deadline and proc.alive():
+            try:
+                client = socket.create_connection(("127.0.0.1", port), timeout=1.0)
+            except OSError:
+                time.sleep(0.01)
+        assert client is not None, proc.output()
+        with client:
+            client.sendall(struct.pack("<Bi", Signal.SEND_CONFIG, 2**31 - 1))
+            started = time.monotonic()
+            wait_for(lambda: "ConfigByteNum" in proc.output(), 2 * SCALED.config * load_factor(), "the error")
+            assert time.monotonic() - started < 2 * SCALED.config * load_factor()
+            code = proc.wait(60.0)  # interpreter and torch teardown: slow only on a loaded box
+        output = proc.output()
+        assert code == int(ExitCode.PROTOCOL), output
+        assert "ConfigByteNum" in output
+        assert_no_traceback(output)
+        assert port_is_free(port)
+    finally:
+        proc.close()
+
+
+def test_waits_are_bounded_by_the_timeout_not_the_peer() -> None:
+    """Sanity of the table above: a connected peer that stops mid-message is a timeout, not a hang."""
+    link = SocketTrainerLink("127.0.0.1", 0, replace(FAST, config=0.5))
+    try:
+        with socket.create_connection(("127.0.0.1", link.port)) as client:
+            client.sendall(MESSAGES["SendConfig"][:10])
+            started = time.monotonic()
+            with pytest.raises(WaitTimeout, match="config"):
+                link.receive_config()
+            assert time.monotonic() - started < 1.5
+    finally:
+        link.close()
