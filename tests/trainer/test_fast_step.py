@@ -1,0 +1,323 @@
+"""The fused step is the reference step: same random draws, same weights, same optimiser and EMA state.
+
+Facts checked: with ``exact=True`` and the networks the engine builds, every step is bitwise the
+reference ``BatchSampler.next`` + ``train_step`` (weights, EMA, AdamW moments and the generator state);
+the default fast mode agrees to float rounding; a fixed seed reproduces bit for bit; Diverged leaves
+everything untouched; the torch optimiser can take over mid-run; unsupported models are refused."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from protocol.schema import parse_schema
+from tests.trainer.test_model import make_model
+from trainer.data import TensorData, TrainingData
+from trainer.emulator.networks import build_flow_matching_networks
+from trainer.emulator.tasks import continuous_action_schema, continuous_observation_schema
+from trainer.errors import Diverged
+from trainer.fast_step import FastStep, fast_step_unsupported, parse_mlp
+from trainer.flow import TimeDistribution
+from trainer.model import FlowModel, ModelSettings
+from trainer.nne_torch import DenormalizeModule, SequenceModule
+from trainer.step import BatchSampler, make_optimizer, train_step
+
+OBS = parse_schema(continuous_observation_schema(6), "observation")
+ACT = parse_schema(continuous_action_schema(2), "action")
+BATCH = 32
+
+
+def engine_model(
+    *, chunk: int = 1, activation: str = "ELU", layers: int = 1, ema: float = 0.99, seed: int = 5
+) -> tuple[FlowModel, TrainingData]:
+    """The engine's networks for a Continuous(6) → Continuous(2) task (encoder = one Denormalize) on data
+    at raw scales far from unit (observations ~ 40 + 9·N, actions ~ −2 + 3·N)."""
+    rng = np.random.default_rng(seed)
+    steps = 300
+    obs = (40.0 + 9.0 * rng.standard_normal((steps, 6))).astype(np.float32)
+    act = (-2.0 + 3.0 * np.tanh(obs[:, :2] - 40.0) + rng.standard_normal((steps, 2))).astype(np.float32)
+    data = TrainingData.from_arrays([0, 120, 200], [120, 80, 100], obs, act, chunk)
+    nets = build_flow_matching_networks(OBS, ACT, chunk, layers, 24, activation, seed)
+    model = FlowModel.from_networks(
+        nets.denoiser.model,
+        nets.encoder.model,
+        nets.decoder.model,
+        OBS,
+        ACT,
+        ModelSettings(chunk_size=chunk, ema_decay=ema),
+        data,
+    )
+    return model, data
+
+
+def everything(model: FlowModel, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Weights, buffers, EMA and every AdamW state tensor, cloned."""
+    out = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    params = optimizer.param_groups[0]["params"]
+    for i, p in enumerate(params):
+        for key, value in optimizer.state[p].items():
+            out[f"adam.{i}.{key}"] = torch.as_tensor(value).clone()
+    return out
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], *, exact: bool) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if exact:
+            assert torch.equal(a[key], b[key]), key
+        else:
+            torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=2e-6, msg=key)
+
+
+def reference_run(
+    model: FlowModel, data: TrainingData, steps: int, seed: int, time: TimeDistribution, noise: float
+) -> tuple[list[float], torch.optim.Optimizer, torch.Generator]:
+    generator = torch.Generator().manual_seed(seed)
+    sampler = BatchSampler(model.tensor_data(data), BATCH, generator)
+    optimizer = make_optimizer(model, 3e-3, 1e-3)
+    losses = [
+        train_step(model, optimizer, sampler.next(), generator, time, noise, i).loss for i in range(steps)
+    ]
+    return losses, optimizer, generator
+
+
+def fast_run(
+    model: FlowModel,
+    data: TrainingData,
+    steps: int,
+    seed: int,
+    time: TimeDistribution,
+    noise: float,
+    *,
+    exact: bool,
+) -> tuple[list[float], torch.optim.Optimizer, torch.Generator]:
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = make_optimizer(model, 3e-3, 1e-3)
+    fast = FastStep.build(
+        model, optimizer, model.tensor_data(data), BATCH, generator, time, noise, exact=exact
+    )
+    assert fast is not None
+    losses = [fast.step(i).loss for i in range(steps)]
+    return losses, optimizer, generator
+
+
+@pytest.mark.parametrize("activation", ["ELU", "ReLU", "TanH"])
+def test_exact_mode_is_bitwise_the_reference_step_on_the_engine_networks(activation: str) -> None:
+    base, data = engine_model(activation=activation)
+    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    ref_losses, ref_opt, ref_gen = reference_run(ref_model, data, 30, 11, TimeDistribution.uniform(), 0.0)
+    losses, opt, gen = fast_run(fast_model, data, 30, 11, TimeDistribution.uniform(), 0.0, exact=True)
+    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=True)
+    assert torch.equal(ref_gen.get_state(), gen.get_state())  # same number and order of draws
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)  # one flat reduction for the report
+
+
+@pytest.mark.parametrize(
+    ("time", "noise", "chunk", "layers"),
+    [
+        (TimeDistribution.uniform(), 0.0, 1, 1),
+        (TimeDistribution.beta(1.5, 1.0), 0.1, 3, 2),
+        (TimeDistribution.logit_normal(0.3, 1.0), 0.0, 2, 0),
+    ],
+)
+def test_fast_mode_matches_the_reference_to_float_rounding(
+    time: TimeDistribution, noise: float, chunk: int, layers: int
+) -> None:
+    base, data = engine_model(chunk=chunk, layers=layers)
+    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    ref_losses, ref_opt, ref_gen = reference_run(ref_model, data, 25, 3, time, noise)
+    losses, opt, gen = fast_run(fast_model, data, 25, 3, time, noise, exact=False)
+    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=False)
+    assert torch.equal(ref_gen.get_state(), gen.get_state())
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_schema_with_an_encoding_mlp_matches_to_float_rounding(exact: bool) -> None:
+    # An Encoding MLP in the frozen encoder: latents are precomputed over all rows at once, which the
+    # BLAS may round differently from a 32-row batch, so equality is to rounding here.
+    base, data = make_model(False, True, 3, ema=0.95)
+    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    time = TimeDistribution.beta(1.5, 1.0)
+    _, ref_opt, _ = reference_run(ref_model, data, 20, 9, time, 0.1)
+    _, opt, _ = fast_run(fast_model, data, 20, 9, time, 0.1, exact=exact)
+    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=False)
+
+
+def test_a_fixed_seed_is_bitwise_reproducible_and_another_seed_differs() -> None:
+    def run(seed: int) -> dict[str, torch.Tensor]:
+        model, data = engine_model()
+        _, opt, _ = fast_run(model, data, 40, seed, TimeDistribution.uniform(), 0.05, exact=False)
+        return everything(model, opt)
+
+    first, second, other = run(21), run(21), run(22)
+    assert_same(first, second, exact=True)
+    key = "denoiser.layers.0.layers.0.weight"
+    assert not torch.equal(first[key], other[key])
+
+
+def test_the_torch_optimizer_can_take_over_mid_run() -> None:
+    # Parameters and AdamW state are views into the fused step's buffers, so autograd steps with the
+    # same optimiser object continue exactly where the fused steps stopped.
+    base, data = engine_model()
+    ref_model, mixed = copy.deepcopy(base), copy.deepcopy(base)
+    time = TimeDistribution.uniform()
+    _, ref_opt, _ = reference_run(ref_model, data, 20, 4, time, 0.0)
+    generator = torch.Generator().manual_seed(4)
+    optimizer = make_optimizer(mixed, 3e-3, 1e-3)
+    tensors = mixed.tensor_data(data)
+    fast = FastStep.build(mixed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
+    assert fast is not None
+    for i in range(10):
+        fast.step(i)
+    sampler = BatchSampler(tensors, BATCH, generator)
+    for i in range(10, 20):
+        train_step(mixed, optimizer, sampler.next(), generator, time, 0.0, i)
+    assert_same(everything(ref_model, ref_opt), everything(mixed, optimizer), exact=True)
+    assert int(optimizer.state_dict()["state"][0]["step"]) == 20
+
+
+def test_building_adopts_existing_optimizer_state() -> None:
+    base, data = engine_model()
+    ref_model, resumed = copy.deepcopy(base), copy.deepcopy(base)
+    time = TimeDistribution.uniform()
+    _, ref_opt, _ = reference_run(ref_model, data, 16, 8, time, 0.0)
+    generator = torch.Generator().manual_seed(8)
+    optimizer = make_optimizer(resumed, 3e-3, 1e-3)
+    tensors = resumed.tensor_data(data)
+    sampler = BatchSampler(tensors, BATCH, generator)
+    for i in range(8):
+        train_step(resumed, optimizer, sampler.next(), generator, time, 0.0, i)
+    fast = FastStep.build(resumed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
+    assert fast is not None
+    for i in range(8, 16):
+        fast.step(i)
+    assert_same(everything(ref_model, ref_opt), everything(resumed, optimizer), exact=True)
+
+
+def test_diverged_is_raised_before_anything_changes() -> None:
+    model, data = engine_model()
+    generator = torch.Generator().manual_seed(0)
+    optimizer = make_optimizer(model, 1e-3, 1e-4)
+    tensors = model.tensor_data(data)
+    fast = FastStep.build(model, optimizer, tensors, BATCH, generator, TimeDistribution.uniform(), 0.0)
+    assert fast is not None
+    for i in range(3):
+        fast.step(i)
+    before = everything(model, optimizer)
+    tensors.x1[5, 1] = float("nan")  # every batch of 32 from 300 rows may miss it: poison all rows
+    tensors.x1[:, 0] = float("nan")
+    with pytest.raises(Diverged, match="iteration 77"):
+        fast.step(77)
+    assert_same(before, everything(model, optimizer), exact=True)
+    assert all(p.grad is None for p in model.trainable_parameters())
+
+
+def test_unsupported_models_and_optimizers_are_refused_with_a_reason() -> None:
+    embedded, data = make_model(True, False, 1, ema=0.9)  # Embed true + Encoding MLP: encoder trained
+    optimizer = make_optimizer(embedded, 1e-3, 0.0)
+    reason = fast_step_unsupported(embedded, optimizer)
+    assert reason is not None and "encoder is trained" in reason
+    tensors = embedded.tensor_data(data)
+    generator = torch.Generator()
+    assert FastStep.build(embedded, optimizer, tensors, 8, generator, TimeDistribution.uniform(), 0.0) is None
+
+    gelu, _ = engine_model(activation="GELU")
+    reason = fast_step_unsupported(gelu, make_optimizer(gelu, 1e-3, 0.0))
+    assert reason is not None and "GELU" in reason
+
+    model, _ = engine_model()
+    sgd = torch.optim.SGD(model.trainable_parameters(), lr=0.1)
+    assert fast_step_unsupported(model, sgd) == "the optimiser is not a one-group AdamW"
+    assert fast_step_unsupported(model, make_optimizer(model, 1e-3, 0.0)) is None
+
+
+def output_denormalize(model: FlowModel) -> DenormalizeModule:
+    """The denoiser's final Denormalize (identity during training)."""
+    assert isinstance(model.denoiser, SequenceModule)
+    final = model.denoiser.layers[-1]
+    assert isinstance(final, DenormalizeModule)
+    return final
+
+
+def test_parse_mlp_reads_the_engine_denoiser_and_a_non_identity_output_map() -> None:
+    model, _ = engine_model(layers=2)
+    layout = parse_mlp(model.denoiser)
+    assert not isinstance(layout, str)
+    assert [tuple(lin.weight.shape) for lin in layout.linears] == [(24, 9), (24, 24), (24, 24), (2, 24)]
+    assert layout.activations == ("ELU", "ELU", "ELU")
+    assert layout.output_mean is None and layout.output_std is None  # identity during training
+    final = output_denormalize(model)
+    final.mean.fill_(0.5)
+    final.std.fill_(2.0)
+    layout = parse_mlp(model.denoiser)
+    assert not isinstance(layout, str) and layout.output_std is not None
+
+
+def test_a_non_identity_output_denormalize_is_trained_like_the_reference() -> None:
+    base, data = engine_model()
+    final = output_denormalize(base)
+    final.mean.copy_(torch.tensor([0.25, -0.5]))
+    final.std.copy_(torch.tensor([1.5, 0.75]))
+    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    _, ref_opt, _ = reference_run(ref_model, data, 15, 2, TimeDistribution.uniform(), 0.0)
+    _, opt, _ = fast_run(fast_model, data, 15, 2, TimeDistribution.uniform(), 0.0, exact=True)
+    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=False)
+
+
+def test_latents_are_encoded_per_batch_when_the_table_would_be_too_big(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import trainer.fast_step as fast_step
+
+    monkeypatch.setattr(fast_step, "PRECOMPUTE_LIMIT_BYTES", 0)
+    base, data = engine_model()
+    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    _, ref_opt, _ = reference_run(ref_model, data, 15, 6, TimeDistribution.uniform(), 0.0)
+    _, opt, _ = fast_run(fast_model, data, 15, 6, TimeDistribution.uniform(), 0.0, exact=True)
+    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=True)
+
+
+def test_build_checks_the_batch_size() -> None:
+    model, data = engine_model()
+    tensors: TensorData = model.tensor_data(data)
+    optimizer = make_optimizer(model, 1e-3, 0.0)
+    with pytest.raises(ValueError, match="batch_size"):
+        FastStep.build(model, optimizer, tensors, 0, torch.Generator(), TimeDistribution.uniform(), 0.0)
+
+
+def test_a_resume_that_loads_state_dicts_is_picked_up_by_the_next_step() -> None:
+    # optimizer.load_state_dict installs new state tensors and model.load_state_dict copies weights in:
+    # the fused step notices and re-adopts them, so resuming from a checkpoint continues exactly.
+    base, data = engine_model()
+    time = TimeDistribution.uniform()
+    straight = copy.deepcopy(base)
+    _, opt, _ = fast_run(straight, data, 16, 12, time, 0.0, exact=True)
+    expected = everything(straight, opt)
+
+    first = copy.deepcopy(base)
+    generator = torch.Generator().manual_seed(12)
+    optimizer = make_optimizer(first, 3e-3, 1e-3)
+    fast = FastStep.build(first, optimizer, first.tensor_data(data), BATCH, generator, time, 0.0, exact=True)
+    assert fast is not None
+    for i in range(8):
+        fast.step(i)
+    saved = (copy.deepcopy(first.state_dict()), copy.deepcopy(optimizer.state_dict()), generator.get_state())
+
+    resumed = copy.deepcopy(base)
+    generator = torch.Generator().manual_seed(99)
+    optimizer = make_optimizer(resumed, 3e-3, 1e-3)
+    fast = FastStep.build(
+        resumed, optimizer, resumed.tensor_data(data), BATCH, generator, time, 0.0, exact=True
+    )
+    assert fast is not None
+    fast.step(0)  # some unrelated progress that the resume overwrites
+    resumed.load_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    generator.set_state(saved[2])
+    for i in range(8, 16):
+        fast.step(i)
+    assert_same(expected, everything(resumed, optimizer), exact=True)
