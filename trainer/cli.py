@@ -91,6 +91,11 @@ class _LazyGroup(click.Group):
     fast (no torch or matplotlib import just to list commands)."""
 
     lazy: ClassVar[dict[str, tuple[str, str, str]]] = {
+        "bench": (
+            "trainer.bench",
+            "bench_command",
+            "Measure training speed, replay ingest, startup and sync against their limits.",
+        ),
         "demo": (
             "trainer.demo",
             "demo_command",

@@ -10,22 +10,28 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from protocol.config import SessionConfig
+from protocol.errors import ProtocolError
 from protocol.replay import ReplayBuffer, check_finite
 from protocol.snapshot import Snapshot, read_snapshot, snapshot_with_model, write_snapshot
 from trainer import __version__
-from trainer.errors import BadData, Diverged, Unsupported
+from trainer.errors import BadData, Diverged, PeerGone, Unsupported, WaitTimeout
 from trainer.exitcodes import ExitCode
 from trainer.options import TrainerOptions
 from trainer.progress import STATUS_FILE_NAME, ProgressReporter, log
 from trainer.snapshots import SnapshotWriter
+from trainer.trackers import TRACK_EVERY, Trackers
+from trainer.transport.wait import StopRequested
+
+if TYPE_CHECKING:
+    from trainer.training import TrainingJob
 
 __all__ = ["NETWORK_IDS", "TrainerLinkLike", "choose_device", "run_training"]
 
@@ -97,7 +103,12 @@ class _Syncer:
     def send(self, blobs: Mapping[int, bytes]) -> None:
         self.version += 1
         for nid in NETWORK_IDS:
-            self.link.send_network(nid, blobs[nid], self.version)
+            try:
+                self.link.send_network(nid, blobs[nid], self.version)
+            except (PeerGone, WaitTimeout) as error:
+                # Same category (exit code), with the phase named: a user reading the log must see that
+                # the game went away while taking networks back, not while sending experience.
+                raise type(error)(f"during sync round {self.version} (network {nid}): {error}") from error
         self.rounds += 1
 
 
@@ -114,8 +125,12 @@ def run_training(
     options: TrainerOptions,
     task_dir: Path | None,
     interrupt: InterruptLike | None = None,
+    prepare_job: Callable[[TrainingJob], TrainingJob] | None = None,
 ) -> ExitCode:
-    """The whole run. Returns OK, INTERRUPTED or DIVERGED; raises on every other failure."""
+    """The whole run. Returns OK, INTERRUPTED or DIVERGED; raises on every other failure.
+
+    ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
+    it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`)."""
     from trainer.session import KeepAlive
     from trainer.training import TrainingJob
 
@@ -144,7 +159,12 @@ def run_training(
                 f"network {nid} ({NETWORK_ROLES[nid]}) has {len(blob)} bytes but the model config's MaxByteNum "
                 f"is {expected}"
             )
-        received[nid] = read_snapshot(blob)
+        try:
+            received[nid] = read_snapshot(blob)
+        except ProtocolError as error:
+            raise BadData(
+                f"network {nid} ({NETWORK_ROLES[nid]}) from the game is not a valid snapshot: {error}"
+            ) from error
 
     # 3. The replay buffer, sent once (spec §5.3).
     reporter.phase("receiving experience")
@@ -162,9 +182,17 @@ def run_training(
         if device.type == "cpu":
             torch.set_num_threads(threads)
         _banner(device, threads)
-        job = TrainingJob.create(config, received, replay, options=options, device=device)
+        # Checkpoints live beside the snapshots (<task_dir>/Snapshots) whether or not the config saves
+        # snapshots: a crash must not lose hours of training (trainer.checkpoint).
+        checkpoint_dir = task_dir / "Snapshots" if task_dir is not None else None
+        job = TrainingJob.create(
+            config, received, replay, options=options, device=device, checkpoint_dir=checkpoint_dir
+        )
+        if prepare_job is not None:
+            job = prepare_job(job)
     total = job.total_iterations
     reporter.start(total, job.start_iteration)
+    reporter.phase("training")  # before the first progress line: a failure now is a training failure
     log(
         f"la-trainer: training {total} iterations on {job.sample_num} samples "
         f"(observation {job.observation_dim}, action {job.action_dim}, chunk {settings.action_chunk_size})"
@@ -174,6 +202,7 @@ def run_training(
     writer = (
         SnapshotWriter.for_run(task_dir, config, options) if config.trainer.training.save_snapshots else None
     )
+    trackers = Trackers.for_run(config.trainer, task_dir, getattr(link, "comm_type", "Unknown"))
     every_iterations = options.sync_every_iterations
     every_seconds = options.sync_every_seconds
     snapshot_every = config.trainer.training.iterations_per_snapshot
@@ -195,6 +224,8 @@ def run_training(
             loss = job.step(iteration)
             iteration += 1
             reporter.update(iteration, loss)
+            if iteration % TRACK_EVERY == 0:
+                trackers.scalars(iteration, {"loss": loss, "sync_rounds": float(syncer.rounds)})
             now = time.monotonic()
             due = (every_iterations > 0 and iteration % every_iterations == 0) or (
                 every_seconds > 0 and now - last_sync >= every_seconds
@@ -209,6 +240,20 @@ def run_training(
     except Diverged as error:
         log(f"la-trainer: {error}. Sending the last good weights.")
         outcome = ExitCode.DIVERGED
+    except StopRequested:
+        # Stop arrived while a sync round waited on the game (spec §2.4: the engine does not wait for the
+        # rest of the round): end as for a Stop seen between steps, keeping what was trained.
+        stopped_by = "the game asked to stop"
+    except (PeerGone, WaitTimeout):
+        # The game went away mid-run: keep what was trained so `--resume` can continue it, then let the
+        # error name the phase and set the exit code as usual.
+        job.maybe_checkpoint(iteration, writer, force=True)
+        raise
+
+    finally:
+        if iteration % TRACK_EVERY and iteration > job.start_iteration:
+            trackers.scalars(iteration, {"loss": job.smoothed_loss, "sync_rounds": float(syncer.rounds)})
+        trackers.close()
 
     # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
     reporter.update(iteration, job.smoothed_loss, force=True)
@@ -231,4 +276,3 @@ def run_training(
     reporter.phase("complete", f"la-trainer: done after {iteration} iterations, {syncer.rounds} sync rounds.")
     link.finish(30.0)
     return outcome
-

@@ -200,6 +200,9 @@ class ShmTrainerLink:
         interrupted: polled during waits; True (SIGINT/SIGTERM seen by the app) raises ``Interrupted``.
     """
 
+    comm_type = "SharedMemory"
+    """Names TensorBoard/MLflow runs (spec §7.2: ``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``)."""
+
     def __init__(
         self,
         config_dir: str | os.PathLike[str],
@@ -517,6 +520,9 @@ class SocketTrainerLink:
     during waits, as in :class:`ShmTrainerLink`.
     """
 
+    comm_type = "Socket"
+    """Names TensorBoard/MLflow runs (spec §7.2: ``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``)."""
+
     def __init__(
         self,
         host: str,
@@ -781,6 +787,9 @@ class FileTrainerLink:
     which defaults to the export folder itself, replacing the exported initial networks: the same
     files the engine would import back. Stop never comes; Complete has nowhere to go.
     """
+
+    comm_type = "Files"
+    """Names TensorBoard/MLflow runs (spec §7.2: ``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``)."""
 
     def __init__(
         self, folder: str | os.PathLike[str], *, output_dir: str | os.PathLike[str] | None = None

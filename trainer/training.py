@@ -8,6 +8,7 @@ learning rate, weight decay, batch size, iteration count, observation noise, tim
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,18 @@ from protocol.config import SessionConfig
 from protocol.nne.layers import Layer
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import Snapshot
+from trainer import __version__
+from trainer.checkpoint import (
+    Fingerprint,
+    TrainingState,
+    load_for_resume,
+    remove_stale_temp_files,
+    save_checkpoint,
+)
 from trainer.data import TensorData, TrainingData
-from trainer.errors import BadData, Unsupported
+from trainer.distill import Distiller, DistillSettings, distill_iterations
+from trainer.errors import BadData
+from trainer.fast_step import FastStep, fast_step_unsupported
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
 from trainer.options import TrainerOptions
@@ -51,6 +62,21 @@ class TrainingJob:
     start_iteration: int = 0
     smoothed_loss: float = math.nan
     extra: dict[str, Any] = field(default_factory=dict)
+    distill_start: int | None = None
+    """First distillation iteration (``options.ode_steps`` > 0, see :mod:`trainer.distill`); None: off."""
+    distiller: Distiller | None = None
+    _fast: FastStep | None = field(default=None, init=False, repr=False)
+    """The fused flow-matching step (:mod:`trainer.fast_step`), built at the first step (after anything
+    that loads state); None when it does not apply, and then :func:`train_step` runs."""
+    _fast_checked: bool = field(default=False, init=False, repr=False)
+    checkpoint_dir: Path | None = None
+    """Where resumable checkpoints go (``<task_dir>/Snapshots``); None: no checkpoints."""
+    fingerprint: Fingerprint | None = None
+    """What a checkpoint of this job is valid for (networks, config, data), see :mod:`trainer.checkpoint`."""
+    last_checkpoint: Path | None = None
+    checkpoint_iteration: int = -1
+    """Iteration of the newest checkpoint this job wrote or resumed from (−1: none)."""
+    checkpoint_clock: float = field(default_factory=time.monotonic)
 
     @classmethod
     def create(
@@ -61,17 +87,15 @@ class TrainingJob:
         *,
         options: TrainerOptions,
         device: torch.device,
+        checkpoint_dir: Path | None = None,
     ) -> TrainingJob:
+        """Build the job; with ``options.resume`` and a checkpoint in ``checkpoint_dir`` (or in the
+        folder of an earlier run of the same task), continue from it.
+
+        Raises:
+            ResumeRefused: the checkpoint belongs to other networks, config or data, or none is usable.
+        """
         training = config.trainer.training
-        # Not in this version: refuse rather than silently ignore (the options exist so that settings
-        # files written for later versions are read, not rejected as unknown).
-        if options.resume:
-            raise Unsupported("--resume is not implemented in this version of la-trainer yet.")
-        if options.ode_steps > 0:
-            raise Unsupported(
-                "ode_steps (few-step distillation) is not implemented in this version of la-trainer yet; "
-                "unset LA_TRAINER_ODE_STEPS / --ode-steps / 'ode_steps' in la-trainer.json."
-            )
         # Same seed, same CPU result: every random draw comes from this one generator (spec §4.1 Seed).
         torch.manual_seed(training.seed)
         generator = torch.Generator(device=device)
@@ -109,7 +133,20 @@ class TrainingJob:
         except ValueError as error:
             raise BadData(f"option time_distribution: {error}") from None
         total = options.iteration_num or training.iteration_num
-        return cls(
+        distill_start = None
+        if options.ode_steps > 0:
+            # Few-step distillation (trainer.distill): the last iterations distil for the game's
+            # ODEStepsNum, as many as fit into distill_fraction of the run's time.
+            try:
+                cost = DistillSettings(options.ode_steps).cost
+                distill_start = total - distill_iterations(total, options.distill_fraction, cost)
+            except ValueError as error:
+                raise BadData(f"options ode_steps/distill_fraction: {error}") from None
+            log(
+                f"la-trainer: distilling for {options.ode_steps} Euler step(s) from iteration {distill_start} "
+                f"({total - distill_start} of {total} iterations, ≈{options.distill_fraction:.0%} of the time)"
+            )
+        job = cls(
             config=config,
             options=options,
             model=model,
@@ -121,6 +158,56 @@ class TrainingJob:
             tensors=tensors,
             device=device,
             total_iterations=total,
+            distill_start=distill_start,
+            checkpoint_dir=checkpoint_dir,
+            fingerprint=Fingerprint.of(config, received, replay, ema_decay=options.ema_decay),
+        )
+        if checkpoint_dir is not None:
+            for stale in remove_stale_temp_files(checkpoint_dir):
+                log(f"la-trainer: removed {stale.name}, left by a checkpoint write that did not finish")
+        if options.resume:
+            if checkpoint_dir is None:
+                log("la-trainer: warning: --resume: this run has no folder for checkpoints; starting fresh.")
+            else:
+                job._resume()
+        return job
+
+    def _resume(self) -> None:
+        """Load the newest usable checkpoint (``--resume``) into the model, optimiser and generator.
+
+        Runs before the first step, so the fused step (:mod:`trainer.fast_step`) adopts the loaded state.
+        """
+        assert self.checkpoint_dir is not None and self.fingerprint is not None  # create() sets both
+        state, notes = load_for_resume(self.checkpoint_dir, self.fingerprint)
+        for note in notes:
+            log(f"la-trainer: resume: {note}")
+        if state is None:
+            # [INF] --resume without a checkpoint starts fresh (ML-Agents refuses): an engine-spawned run
+            # gets a new task folder each time, so a standing LA_TRAINER_RESUME=1 must not break the first.
+            log(f"la-trainer: --resume: no checkpoint in {self.checkpoint_dir}; starting a fresh run.")
+            return
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(dict(state.optimizer))
+        training = self.config.trainer.training
+        for group in self.optimizer.param_groups:
+            # The config of this run wins for the knobs a user may change between crash and resume.
+            group["lr"] = training.learning_rate
+            group["weight_decay"] = training.weight_decay
+        if state.generator_device == self.generator.device.type:
+            self.generator.set_state(state.generator)
+        else:
+            # A CPU generator state cannot seed a CUDA generator (and vice versa): reseed from the run's
+            # seed and the iteration, so the resumed run is still reproducible on this device.
+            self.generator.manual_seed(training.seed + state.iteration)
+            log(
+                f"la-trainer: note: the checkpoint was made on {state.generator_device}; the random generator "
+                f"was reseeded for {self.generator.device.type}"
+            )
+        self.start_iteration = state.iteration
+        self.smoothed_loss = state.smoothed_loss
+        self.checkpoint_iteration = state.iteration
+        log(
+            f"la-trainer: resumed from the checkpoint of iteration {state.iteration} in {self.checkpoint_dir}"
         )
 
     @property
@@ -136,16 +223,64 @@ class TrainingJob:
         return int(self.data.targets.shape[1])
 
     def step(self, iteration: int) -> float:
-        """One optimisation step; returns the smoothed loss."""
-        metrics = train_step(
-            self.model,
-            self.optimizer,
-            self.sampler.next(),
-            self.generator,
-            self.time_distribution,
-            self.config.trainer.training.observation_noise_scale,
-            iteration,
-        )
+        """One optimisation step (flow matching, or distillation from ``distill_start`` on); returns the
+        smoothed loss."""
+        if self.distill_start is not None and iteration >= self.distill_start:
+            return self._distill_step(iteration)
+        fast = self._fast_step()
+        if fast is not None:
+            # Same draws from the same generator, same maths as train_step (to float rounding), without
+            # the per-op overhead that dominates a small network's step on a CPU (trainer.fast_step).
+            metrics = fast.step(iteration)
+        else:
+            metrics = train_step(
+                self.model,
+                self.optimizer,
+                self.sampler.next(),
+                self.generator,
+                self.time_distribution,
+                self.config.trainer.training.observation_noise_scale,
+                iteration,
+            )
+        if math.isnan(self.smoothed_loss):
+            self.smoothed_loss = metrics.loss
+        else:
+            self.smoothed_loss = LOSS_SMOOTHING * self.smoothed_loss + (1 - LOSS_SMOOTHING) * metrics.loss
+        return self.smoothed_loss
+
+    def _fast_step(self) -> FastStep | None:
+        if not self._fast_checked:
+            self._fast_checked = True
+            training = self.config.trainer.training
+            self._fast = FastStep.build(
+                self.model,
+                self.optimizer,
+                self.tensors,
+                training.batch_size,
+                self.generator,
+                self.time_distribution,
+                training.observation_noise_scale,
+            )
+            if self._fast is None:
+                reason = fast_step_unsupported(self.model, self.optimizer)
+                log(f"la-trainer: note: using the autograd training step ({reason})")
+        return self._fast
+
+    def _distill_step(self, iteration: int) -> float:
+        if self.distiller is None:
+            # The phase boundary: freeze the teacher now (trainer.distill.Distiller).
+            training = self.config.trainer.training
+            self.distiller = Distiller(
+                self.model,
+                DistillSettings(self.options.ode_steps),
+                learning_rate=training.learning_rate,
+                weight_decay=training.weight_decay,
+                time_dist=self.time_distribution,
+                obs_noise_scale=training.observation_noise_scale,
+            )
+            self.smoothed_loss = math.nan  # another loss: do not smooth across the boundary
+            log(f"la-trainer: iteration {iteration}: distilling for {self.options.ode_steps} Euler step(s)")
+        metrics = self.distiller.step(self.sampler.next(), self.generator, iteration)
         if math.isnan(self.smoothed_loss):
             self.smoothed_loss = metrics.loss
         else:
@@ -158,5 +293,39 @@ class TrainingJob:
         return {0: exported.denoiser, 1: exported.encoder, 2: exported.decoder}
 
     def maybe_checkpoint(self, iteration: int, writer: object, *, force: bool = False) -> Path | None:
-        """Resumable checkpoints (see :mod:`trainer.checkpoint`); a no-op until enabled there."""
-        return None
+        """Write a resumable checkpoint after ``iteration`` steps when one is due; returns its path.
+
+        Due: ``force`` (end of run, stop, interrupt, lost engine), or ``checkpoint_every_seconds`` since the
+        last one (0: only forced ones). ``writer`` is unused (checkpoints go to :attr:`checkpoint_dir`, the
+        same folder as the snapshots, whether or not the config saves snapshots). Cheap when not due.
+
+        [INF] Distillation (the last part of a run with ``ode_steps`` > 0) is not checkpointed: its teacher
+        and second optimiser would double the file. A checkpoint is forced at the phase boundary instead,
+        so a resume repeats at most the distillation phase.
+        """
+        if self.checkpoint_dir is None or self.fingerprint is None:
+            return None
+        boundary = self.distill_start is not None and iteration == self.distill_start
+        if self.distill_start is not None and iteration > self.distill_start:
+            return self.last_checkpoint
+        if iteration == self.checkpoint_iteration:
+            return self.last_checkpoint
+        every = self.options.checkpoint_every_seconds
+        now = time.monotonic()
+        if not (force or boundary or (every > 0 and now - self.checkpoint_clock >= every)):
+            return None
+        state = TrainingState(
+            iteration=iteration,
+            model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            generator=self.generator.get_state(),
+            generator_device=self.generator.device.type,
+            smoothed_loss=float(self.smoothed_loss),
+            fingerprint=self.fingerprint,
+            trainer_version=__version__,
+            saved_at=time.time(),
+        )
+        self.last_checkpoint = save_checkpoint(self.checkpoint_dir, state)
+        self.checkpoint_iteration = iteration
+        self.checkpoint_clock = time.monotonic()
+        return self.last_checkpoint
