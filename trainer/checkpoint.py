@@ -50,6 +50,7 @@ from protocol.replay import ReplayBuffer
 from protocol.schema import schema_to_json
 from protocol.snapshot import Snapshot
 from trainer.errors import ResumeRefused, TrainerError
+from trainer.transport.files import fsync_directory
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -323,16 +324,6 @@ def _serialise(obj: object) -> bytes:
     return buffer.getvalue()
 
 
-def _fsync_directory(directory: Path) -> None:
-    if os.name == "nt":  # pragma: no cover - directories cannot be fsynced on Windows
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(folder: str | os.PathLike[str], state: TrainingState) -> Path:
     """Write ``state`` as the current checkpoint of ``folder``; the old current one becomes the previous.
 
@@ -365,7 +356,7 @@ def save_checkpoint(folder: str | os.PathLike[str], state: TrainingState) -> Pat
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
         raise
-    _fsync_directory(root)
+    fsync_directory(root)
     return current
 
 

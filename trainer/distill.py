@@ -58,10 +58,9 @@ import torch
 from torch import Tensor, nn
 
 from trainer.data import Batch
-from trainer.errors import Diverged
 from trainer.flow import TimeDistribution, flow_matching_loss, interpolate
 from trainer.model import FlowModel
-from trainer.step import StepMetrics, make_optimizer
+from trainer.step import StepMetrics, apply_gradients, make_optimizer
 
 __all__ = [
     "EVAL_COST",
@@ -289,24 +288,6 @@ def _distill_loss(pred: Tensor, target: Tensor, huber: float) -> Tensor:
     return (torch.sqrt(d * d + huber * huber) - huber).mean()
 
 
-def _check_step(loss: Tensor, optimizer: torch.optim.Optimizer, iteration: int) -> StepMetrics:
-    """Backward, global gradient norm, the finiteness check (before the step, like
-    :func:`trainer.step.train_step`), then the optimiser step. One host sync."""
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()  # type: ignore[no-untyped-call]
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=loss.device)
-    loss_value, norm_value = torch.stack((loss.detach().float(), grad_norm.float())).tolist()
-    if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
-        optimizer.zero_grad(set_to_none=True)
-        raise Diverged(
-            f"the distillation loss became non-finite at iteration {iteration} (loss {loss_value}, gradient "
-            f"norm {norm_value}); the weights of the last good iteration were kept"
-        )
-    optimizer.step()
-    return StepMetrics(loss=loss_value, grad_norm=norm_value)
-
-
 def distill_step(
     model: FlowModel,
     teacher: TeacherLike,
@@ -397,7 +378,7 @@ def distill_step(
         )
     else:
         loss = _distill_loss(model.velocity_standardized(z, x_k, t_all), target, settings.huber)
-    return _check_step(loss, optimizer, iteration)
+    return apply_gradients(loss, optimizer, iteration, "distillation loss")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from trainer.errors import Diverged
 from trainer.flow import TimeDistribution, flow_matching_loss, interpolate
 from trainer.model import FlowModel
 
-__all__ = ["BatchSampler", "StepMetrics", "make_optimizer", "train_step"]
+__all__ = ["BatchSampler", "StepMetrics", "apply_gradients", "make_optimizer", "train_step"]
 
 
 def make_optimizer(model: FlowModel, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -84,17 +84,28 @@ def train_step(
     pred = model.velocity_standardized(z, path.x_t, t)
     loss = flow_matching_loss(pred, model.standardize_velocity(path.target))
 
+    metrics = apply_gradients(loss, optimizer, iteration)
+    model.update_ema()
+    return metrics
+
+
+def apply_gradients(
+    loss: torch.Tensor, optimizer: torch.optim.Optimizer, iteration: int, what: str = "loss"
+) -> StepMetrics:
+    """Backward, global gradient norm, the finiteness check, then the optimiser step. One host sync.
+
+    Raises :class:`Diverged` *before* the optimiser step when the loss or the gradient norm is not
+    finite, so the weights and moments stay those of the last good iteration."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=x1.device)
+    grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=loss.device)
     loss_value, norm_value = torch.stack((loss.detach().float(), grad_norm.float())).tolist()
     if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
         optimizer.zero_grad(set_to_none=True)
         raise Diverged(
-            f"the loss became non-finite at iteration {iteration} (loss {loss_value}, gradient norm "
+            f"the {what} became non-finite at iteration {iteration} ({what} {loss_value}, gradient norm "
             f"{norm_value}); the weights of the last good iteration were kept"
         )
     optimizer.step()
-    model.update_ema()
     return StepMetrics(loss=loss_value, grad_norm=norm_value)

@@ -96,7 +96,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryv
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
         raise
-    _fsync_directory(directory)
+    fsync_directory(directory)
 
 
 def _current_umask() -> int:
@@ -106,7 +106,8 @@ def _current_umask() -> int:
     return mask
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable (POSIX); a no-op on Windows."""
     # Directories cannot be opened for fsync on Windows; the rename is still atomic there.
     if os.name == "nt":  # pragma: no cover
         return
