@@ -58,6 +58,7 @@ from trainer.emulator.session import (  # noqa: E402
     run_engine_session,
 )
 from trainer.emulator.tasks import Demonstrations, avoid, bimodal, pendulum  # noqa: E402
+from trainer.options import TrainerOptions  # noqa: E402
 
 __all__ = [
     "DEFAULT_ITERATIONS",
@@ -109,6 +110,8 @@ TABLE_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "b3": (("score", "score"), ("upright", "upright"), ("return", "return")),
 }
 DEFAULT_TIME_DISTRIBUTIONS = ("uniform", "logit_normal:0,1", "beta:1,1.5", "power:2")
+DEFAULT_T = TrainerOptions().time_distribution
+"""The trainer's default t distribution: every main row trains with it."""
 """Compared training-time distributions (t = 0 noise, t = 1 data): SD3's logit-normal, a π0-like Beta
 skewed towards noise (mean 0.4) and a power skew towards noise (U², mean 1/3)."""
 CURVE_NFE = 8
@@ -160,7 +163,7 @@ class Variant:
     chunk_size: int = 1
     execute: int = 1
     embed: bool = True
-    time_distribution: str = "uniform"
+    time_distribution: str = DEFAULT_T
     group: str = "main"
     priority: int = 0
     """Run order (lower first; the plan order within a priority): the rows the targets are checked on
@@ -251,8 +254,8 @@ def plan_variants(cfg: HarnessConfig) -> list[Variant]:
     for task in cfg.time_dist_tasks if cfg.time_dists else ():
         base = next((v for v in rows if v.task == task and v.method == "fm" and v.group == "main"), None)
         for dist in cfg.time_dists:
-            if dist == "uniform" and base is not None and base.chunk_size == 1:
-                continue  # the main FM row already is the uniform one: reused, not retrained
+            if base is not None and dist == base.time_distribution and base.chunk_size == 1:
+                continue  # the main FM row already is this one: reused, not retrained
             rows.append(
                 Variant(
                     f"{task}/fm-t={dist}",
@@ -276,7 +279,7 @@ def _time_rows(cfg: HarnessConfig, variants: Sequence[Variant], task: str) -> li
             (v for v in variants if v.task == task and v.group == "time" and v.time_distribution == dist),
             None,
         )
-        if match is None and dist == "uniform":
+        if match is None and dist == DEFAULT_T:
             match = next(
                 (
                     v
@@ -598,7 +601,7 @@ def _digits(metric: str) -> int:
 
 def _variant_desc(v: Variant) -> str:
     parts = [v.label]
-    if v.method == "fm" and v.time_distribution != "uniform" and v.group == "main":
+    if v.method == "fm" and v.time_distribution != DEFAULT_T and v.group == "main":
         parts.append(f"t~{v.time_distribution}")
     return " ".join(parts)
 
@@ -689,7 +692,7 @@ def _describe_variant(v: Variant) -> str:
         extras.append(f"chunk {v.chunk_size}/{v.execute}")
     if not v.embed:
         extras.append("embed=false")
-    if v.time_distribution != "uniform":
+    if v.time_distribution != DEFAULT_T:
         extras.append(f"t~{v.time_distribution}")
     return v.key + (f" ({', '.join(extras)})" if extras else "")
 

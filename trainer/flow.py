@@ -53,8 +53,8 @@ class TimeDistribution:
 
     ``kind`` and the meaning of ``a``/``b``:
 
-    * ``"uniform"``: U[0, 1) (``a``, ``b`` unused). The default and what the engine's sampler grid
-      implies when nothing else is known (spec §6.4 [INF]).
+    * ``"uniform"``: U[0, 1) (``a``, ``b`` unused). This class's default; the trainer's default is
+      logit-normal(0, 1), chosen by the quality benchmark (:attr:`trainer.options.TrainerOptions.time_distribution`).
     * ``"beta"``: Beta(a, b); mean a/(a + b). ``a > b`` skews toward data.
     * ``"logit_normal"``: sigmoid(a + b·N(0, 1)) (location ``a``, scale ``b > 0``); concentrates on
       mid times as in SD3; ``a > 0`` skews toward data.
