@@ -194,6 +194,8 @@ class HarnessConfig:
     b2_chunk_row: bool = True
     time_dists: tuple[str, ...] = ()
     time_dist_tasks: tuple[str, ...] = ("b1",)
+    rows: str = ""
+    """Regular expression: train only the rows whose key matches (``b2/fm-chunk8x4``); empty: all."""
     out: Path = Path("reports/quality")
     work_dir: Path | None = None
     plots: bool = True
@@ -268,6 +270,8 @@ def plan_variants(cfg: HarnessConfig) -> list[Variant]:
                     priority=3,
                 )
             )
+    if cfg.rows:
+        rows = [v for v in rows if re.search(cfg.rows, v.key)]
     return rows
 
 
@@ -1127,6 +1131,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rebuild tables.md/results.json from an interrupted run's partial.json (trains nothing)",
     )
     p.add_argument("--echo", action="store_true", help="echo the trainer's output")
+    p.add_argument("--rows", default="", help="regex: only the rows whose key matches (e.g. 'b2/fm-chunk')")
     return p
 
 
@@ -1156,6 +1161,7 @@ def config_from_args(args: argparse.Namespace) -> HarnessConfig:
         b2_chunk_row=not args.no_b2_chunk_row,
         time_dists=time_dists,
         time_dist_tasks=tuple(args.time_dist_tasks),
+        rows=args.rows,
         out=args.out,
         work_dir=args.work_dir,
         plots=not args.no_plots,
