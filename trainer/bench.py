@@ -235,7 +235,7 @@ def _session(replay: Any, cfg: TrainConfig, iteration_num: int = 1_000_000) -> t
     return build_session_config(task, settings, None)
 
 
-def _make_job(cfg: TrainConfig, rows: int, device: Any, seed: int = 0) -> Any:
+def _make_job(cfg: TrainConfig, rows: int, device: Any, seed: int = 0, compile_step: bool = False) -> Any:
     """A real :class:`TrainingJob` for ``cfg`` on synthetic data (what the trainer builds)."""
     from protocol.snapshot import read_snapshot
     from trainer.options import TrainerOptions
@@ -244,8 +244,9 @@ def _make_job(cfg: TrainConfig, rows: int, device: Any, seed: int = 0) -> Any:
     replay = _synthetic_replay(rows, seed)
     config, snapshots = _session(replay, cfg)
     received = {i: read_snapshot(blob) for i, blob in enumerate(snapshots)}
+    options = TrainerOptions(compile="on" if compile_step else "off")
     with _quiet():
-        return TrainingJob.create(config, received, replay, options=TrainerOptions(), device=device)
+        return TrainingJob.create(config, received, replay, options=options, device=device)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -257,7 +258,8 @@ def _trainer_threads(cfg: TrainConfig, override: int) -> int:
     from trainer.loop import _choose_threads  # the trainer's private choice: measure what it does
     from trainer.options import TrainerOptions
 
-    return _choose_threads(TrainerOptions(threads=override), cfg.hidden_layer_size, cfg.batch_size)
+    params = sum(a * b + b for a, b in itertools.pairwise(cfg.layer_widths))
+    return _choose_threads(TrainerOptions(threads=override), cfg.batch_size * params)
 
 
 def _our_step(job: Any) -> Callable[[int], None]:
@@ -313,6 +315,32 @@ def _reference_loop(cfg: TrainConfig, rows: int, device: Any, seed: int = 0) -> 
         opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
+
+    return step
+
+
+def _gemm_floor(cfg: TrainConfig, device: Any) -> Callable[[int], None]:
+    """Only the matmuls of one fused step (forward ``addmm`` per layer, backward weight and input
+    gradients), same shapes and layouts, on buffers that stay in cache: what a step would cost if
+    everything else were free."""
+    import torch
+
+    widths = cfg.layer_widths
+    b = cfg.batch_size
+    weights = [torch.randn(o, i, device=device) * 0.1 for i, o in itertools.pairwise(widths)]
+    biases = [torch.zeros(o, device=device) for o in widths[1:]]
+    acts = [torch.randn(b, w, device=device) for w in widths]
+    grads = [torch.randn(b, w, device=device) for w in widths]
+    grad_w = [torch.empty_like(w) for w in weights]
+    grad_in = [torch.empty(b, w, device=device) for w in widths]
+
+    def step(i: int) -> None:
+        for k, w in enumerate(weights):
+            torch.addmm(biases[k], acts[k], w.t(), out=acts[k + 1])
+        for k in range(len(weights) - 1, -1, -1):
+            torch.mm(grads[k + 1].t(), acts[k], out=grad_w[k])
+            if k > 0:
+                torch.mm(grads[k + 1], weights[k], out=grad_in[k])
 
     return step
 
@@ -419,6 +447,17 @@ def measure_training(cfg: TrainConfig, settings: BenchSettings, device: Any) -> 
     other = cores if ours_threads == 1 else 1
     if device.type == "cpu" and other != ours_threads:
         contenders[f"ours_{other}_threads"] = (_our_step(_make_job(cfg, settings.train_rows, device)), other)
+    from trainer.compiled_step import compile_unavailable
+
+    if compile_unavailable(device) is None:
+        # The fused step torch.compile-d (trainer.compiled_step, option compile=on); the first call compiles
+        # during the warm-up, so the timed runs see the compiled code only.
+        contenders["ours_compiled"] = (
+            _our_step(_make_job(cfg, settings.train_rows, device, compile_step=True)),
+            ours_threads,
+        )
+    # Only the step's matmuls: the floor for any implementation that keeps the maths (same threads).
+    contenders["gemm_floor"] = (_gemm_floor(cfg, device), ours_threads)
     if device.type == "cpu" and torch.get_num_threads() > 1:
         # The same reference on one thread: separates what threading costs from what the step saves.
         contenders["reference_1_thread"] = (_reference_loop(cfg, settings.train_rows, device), 1)
@@ -1062,6 +1101,17 @@ def format_report(results: Mapping[str, Any]) -> str:
             for k in extra:
                 lines.append(
                     f"  {'':<8} {_fmt(c[k]['it_per_s']):>8} {k.split('_')[1]:>3}   (ours, other thread count)"
+                )
+            if "ours_compiled" in c:
+                lines.append(
+                    f"  {'':<8} {_fmt(c['ours_compiled']['it_per_s']):>8} {value['threads']['ours']:>3}"
+                    "   (ours, torch.compile-d: option compile=on)"
+                )
+            if "gemm_floor" in c:
+                floor = c["gemm_floor"]["it_per_s"]
+                lines.append(
+                    f"  {'':<8} {_fmt(floor):>8} {value['threads']['ours']:>3}   (the step's matmuls alone; "
+                    f"ours reaches {_fmt(100 * _ratio(c['ours']['it_per_s'], floor), '%', 0)} of it)"
                 )
             if "reference_1_thread" in c:
                 lines.append(

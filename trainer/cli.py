@@ -61,6 +61,12 @@ def _common_training_options(func: Any) -> Any:
             help="t distribution: uniform | beta:a,b | logit_normal:m,s | power:k.",
         ),
         click.option("--threads", type=int, default=None, help="torch CPU threads (0: automatic)."),
+        click.option(
+            "--compile",
+            type=click.Choice(["on", "off"]),
+            default=None,
+            help="torch.compile the training step (needs a C++ compiler or Triton; default off).",
+        ),
         click.option("--resume/--no-resume", default=None, help="Resume from the last checkpoint."),
     ]
     for decorator in reversed(decorators):
@@ -77,6 +83,7 @@ def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
         "ode_steps",
         "time_distribution",
         "threads",
+        "compile",
         "resume",
     )
     return {k: kwargs.pop(k) for k in keys if k in kwargs}

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from trainer.compiled_step import LossAndGrads, compile_loss_and_grads
 from trainer.data import TensorData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution
@@ -64,6 +65,7 @@ from trainer.nne_torch import (
     SequenceModule,
     TanHModule,
 )
+from trainer.progress import log
 from trainer.step import StepMetrics
 
 __all__ = [
@@ -250,6 +252,7 @@ class FastStep:
         time_distribution: TimeDistribution,
         obs_noise_scale: float,
         exact: bool,
+        compiled: bool = False,
     ) -> None:
         """Use :meth:`build`, which checks support first."""
         device = data.obs.device
@@ -337,6 +340,14 @@ class FastStep:
         self._grad_pre = [empty(b, w) for w in widths]  # dL/dh_k
         self._grad_act = [empty(b, w) for w in widths[:-1]]  # dL/da_k
         self._uniform_time = time_distribution.kind == "uniform"
+        # The arithmetic after the draws as one compiled function (trainer.compiled_step), when asked for
+        # and possible: it gathers from the precomputed latents, and exact mode keeps ATen's kernels.
+        self._activations = layout.activations
+        self._compiled: LossAndGrads | None = None
+        self._compile_failed = False
+        if compiled and not exact and self._latents is not None:
+            self._compiled = compile_loss_and_grads(layout.activations, self.obs_noise_scale)
+        self._grad_views = [view for layer in self._layers for view in (layer[2], layer[3])]
 
     @torch.no_grad()
     def _adopt(self) -> None:
@@ -374,6 +385,11 @@ class FastStep:
         self._step_count = int(self.steps[0].item()) if self._params else 0
         self._owned = (self._params[0].data_ptr(), optimizer.state[self._params[0]]["exp_avg"])
 
+    @property
+    def compiling(self) -> bool:
+        """Whether the step runs (or will, once compiled) through the compiled function."""
+        return self._compiled is not None
+
     def _adopted(self) -> bool:
         """Whether the parameters and the optimiser state are still this object's views (cheap)."""
         first = self._params[0]
@@ -396,13 +412,18 @@ class FastStep:
         obs_noise_scale: float,
         *,
         exact: bool = False,
+        compiled: bool = False,
     ) -> FastStep | None:
         """The fused step for this job, or None when :func:`fast_step_unsupported` finds a reason.
 
         ``exact``: run the kernels autograd and torch's AdamW run (ELU with ``expm1``, its input-based
         backward, the single-tensor AdamW), so that for the engine's networks every step is bitwise the
         reference step's. False (the default, the trainer's choice): ``exp − 1`` ELU, result-based ELU
-        backward and the fused AdamW kernel, equal to the reference to float rounding and faster."""
+        backward and the fused AdamW kernel, equal to the reference to float rounding and faster.
+
+        ``compiled``: run the arithmetic after the draws as one ``torch.compile``-d function
+        (:mod:`trainer.compiled_step`; ignored with ``exact``). The first step compiles; if that fails the
+        step falls back to the eager kernels with one warning line."""
         if fast_step_unsupported(model, optimizer) is not None:
             return None
         layout = parse_mlp(model.denoiser)
@@ -413,7 +434,16 @@ class FastStep:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         return cls(
-            model, optimizer, layout, data, batch_size, generator, time_distribution, obs_noise_scale, exact
+            model,
+            optimizer,
+            layout,
+            data,
+            batch_size,
+            generator,
+            time_distribution,
+            obs_noise_scale,
+            exact,
+            compiled,
         )
 
     # ----------------------------------------------------------------------------------------------
@@ -431,25 +461,85 @@ class FastStep:
                 raise RuntimeError("the model or optimiser changed into one the fused step cannot run")
             self._adopt()
 
-        # 1. Batch and flow sample, in the reference draw order (module docstring).
-        torch.randint(self.row_num, (b,), generator=g, out=self._idx)
-        z = self._z
-        if self._latents is not None:
-            torch.index_select(self._latents, 0, self._idx, out=z)
-        else:
-            obs = torch.index_select(self._obs, 0, self._idx)
-            torch.sub(model.encoder(obs), model.latent_mean, out=z)
-            z.div_(model.latent_std)
-        x1 = torch.index_select(self._x1, 0, self._idx, out=self._x1b)
+        # 1. The draws, in the reference order (module docstring); the gathers use no random numbers.
+        idx = torch.randint(self.row_num, (b,), generator=g, out=self._idx)
         x0 = torch.randn(self._x0.shape, generator=g, out=self._x0)
         if self._uniform_time:
             t = torch.rand(self._t.shape, generator=g, out=self._t)
         else:
             t = self.time_distribution.sample(b, g, self.device, torch.float32)
-        target = torch.sub(x1, x0, out=self._target)
-        xt = torch.addcmul(x0, t, target, out=self._xt)
+        noise = None
         if self._noise is not None:
             noise = torch.randn(self._noise.shape, generator=g, out=self._noise)
+        compiled = self._compiled_loss(idx, x0, t, noise) if self._compiled is not None else None
+        loss, divisor = compiled if compiled is not None else self._eager_loss_and_grads(idx, x0, t, noise)
+
+        # 5. Check, then AdamW and the EMA.
+        # vector_norm accumulates float32 in double on CPU, as the reference's norm does: no overflow of
+        # the squares for gradients that are large but finite.
+        grad_norm = torch.linalg.vector_norm(self.flat_grads)
+        loss_total, norm_value = torch.stack((loss, grad_norm)).tolist()
+        loss_value = loss_total / divisor
+        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+            raise Diverged(
+                f"the loss became non-finite at iteration {iteration} (loss {loss_value}, gradient norm "
+                f"{norm_value}); the weights of the last good iteration were kept"
+            )
+        self._adamw()
+        model.update_ema()
+        return StepMetrics(loss=loss_value, grad_norm=norm_value)
+
+    def _compiled_loss(
+        self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None
+    ) -> tuple[Tensor, int] | None:
+        """(mean loss, 1), gradients into the flat buffer, through the compiled function; None (and the
+        compiled function dropped, with one warning) when it cannot compile or run."""
+        model = self.model
+        assert self._compiled is not None and self._latents is not None
+        try:
+            loss, grad_w, grad_b = self._compiled(
+                self._latents,
+                self._x1,
+                idx,
+                x0,
+                t,
+                noise,
+                [layer[0] for layer in self._layers],
+                [layer[1] for layer in self._layers],
+                model.x_mean,
+                model.x_std,
+                model.v_mean,
+                model.v_std,
+                self._out_mean,
+                self._out_std,
+            )
+        except Exception as error:  # inductor raises many types (compiler missing, codegen, lowering)
+            self._compiled = None
+            self._compile_failed = True
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            log(f"la-trainer: warning: torch.compile failed ({first[:200]}); using the eager fused step")
+            return None
+        grads = [g for pair in zip(grad_w, grad_b, strict=True) for g in pair]
+        torch._foreach_copy_(self._grad_views, grads)
+        return loss, 1
+
+    def _eager_loss_and_grads(
+        self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None
+    ) -> tuple[Tensor, int]:
+        """Stages 1–4 with preallocated buffers: (sum of squared errors (0-d), element count), gradients
+        into the flat buffer."""
+        model = self.model
+        z = self._z
+        if self._latents is not None:
+            torch.index_select(self._latents, 0, idx, out=z)
+        else:
+            obs = torch.index_select(self._obs, 0, idx)
+            torch.sub(model.encoder(obs), model.latent_mean, out=z)
+            z.div_(model.latent_std)
+        x1 = torch.index_select(self._x1, 0, idx, out=self._x1b)
+        target = torch.sub(x1, x0, out=self._target)
+        xt = torch.addcmul(x0, t, target, out=self._xt)
+        if noise is not None:
             z.add_(noise.mul_(self.obs_noise_scale))
         xs = torch.sub(xt, model.x_mean, out=self._xs).div_(model.x_std)
         torch.cat((z, xs, t), 1, out=self._inp)
@@ -486,21 +576,7 @@ class FastStep:
             if k > 0:
                 torch.mm(gk, weight, out=self._grad_act[k - 1])
                 self._backward[k - 1](self._grad_act[k - 1], self._pre[k - 1], prev, self._grad_pre[k - 1])
-
-        # 5. Check, then AdamW and the EMA.
-        # vector_norm accumulates float32 in double on CPU, as the reference's norm does: no overflow of
-        # the squares for gradients that are large but finite.
-        grad_norm = torch.linalg.vector_norm(self.flat_grads)
-        loss_total, norm_value = torch.stack((loss_sum, grad_norm)).tolist()
-        loss_value = loss_total / n
-        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
-            raise Diverged(
-                f"the loss became non-finite at iteration {iteration} (loss {loss_value}, gradient norm "
-                f"{norm_value}); the weights of the last good iteration were kept"
-            )
-        self._adamw()
-        model.update_ema()
-        return StepMetrics(loss=loss_value, grad_norm=norm_value)
+        return loss_sum, n
 
     def _adamw(self) -> None:
         """AdamW (decoupled weight decay, optional amsgrad) on the flat buffers: torch's fused kernel, or

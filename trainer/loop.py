@@ -71,13 +71,22 @@ def choose_device(config_device: str, override: str) -> torch.device:
     raise Unsupported(f'Device {wanted!r} is not supported: use "GPU" or "CPU" (or --device cuda:N).')
 
 
-def _choose_threads(options: TrainerOptions, hidden_size: int, batch_size: int) -> int:
-    """Small networks run faster on one thread: intra-op threading costs more than it saves there."""
+THREADS_WORK_THRESHOLD = 32_000_000
+"""Multiply-adds per forward pass (batch × denoiser parameters) from which a step uses several threads.
+
+Measured with ``la-trainer bench --sections train`` (2 cores): the default network (batch 256 × 23k
+parameters ≈ 6 M) and the chunk-8 2×512 one (≈ 21 M) run as fast or faster on one thread (1,402 vs 1,364
+and 639 vs 633 it/s), the 3-layer 256-wide one at batch 1024 (≈ 80 M) runs 1.5× faster on two (256 vs
+168 it/s)."""
+
+
+def _choose_threads(options: TrainerOptions, work: int) -> int:
+    """Small networks run faster on one thread: intra-op threading costs more than it saves there.
+    ``work``: batch size × the denoiser's parameter count (the multiply-adds of one forward pass)."""
     if options.threads > 0:
         return options.threads
     cores = os.cpu_count() or 1
-    work = hidden_size * hidden_size * batch_size
-    return 1 if work <= 512 * 512 * 256 else min(cores, 8)
+    return 1 if work < THREADS_WORK_THRESHOLD else min(cores, 8)
 
 
 @dataclass
@@ -178,10 +187,6 @@ def run_training(
         device = choose_device(config.trainer.device, options.device)
         settings = config.model.flow_matching
         batch = config.trainer.training.batch_size
-        threads = _choose_threads(options, settings.hidden_layer_size, batch)
-        if device.type == "cpu":
-            torch.set_num_threads(threads)
-        _banner(device, threads)
         # Checkpoints live beside the snapshots (<task_dir>/Snapshots) whether or not the config saves
         # snapshots: a crash must not lose hours of training (trainer.checkpoint).
         checkpoint_dir = task_dir / "Snapshots" if task_dir is not None else None
@@ -190,6 +195,11 @@ def run_training(
         )
         if prepare_job is not None:
             job = prepare_job(job)
+        params = sum(p.numel() for p in job.model.denoiser.parameters())
+        threads = _choose_threads(options, batch * params)
+        if device.type == "cpu":
+            torch.set_num_threads(threads)
+        _banner(device, threads)
     total = job.total_iterations
     reporter.start(total, job.start_iteration)
     reporter.phase("training")  # before the first progress line: a failure now is a training failure

@@ -46,6 +46,9 @@ class TrainerOptions:
     """Euler step count the game uses (ODEStepsNum); > 0 enables few-step distillation for that count."""
     distill_fraction: float = 0.25
     """Share of IterationNum spent on distillation when ``ode_steps`` > 0."""
+    compile: str = "off"
+    """torch.compile the fused training step: on | off (trainer/compiled_step.py). Needs a C++ compiler
+    (CPU) or Triton (CUDA) and a few seconds to compile; measured no faster on a 2-core CPU."""
     threads: int = 0
     """torch intra-op threads (0: choose automatically, 1 for small networks)."""
     device: str = ""

@@ -28,6 +28,7 @@ from trainer.checkpoint import (
     remove_stale_temp_files,
     save_checkpoint,
 )
+from trainer.compiled_step import compile_wanted
 from trainer.data import TensorData, TrainingData
 from trainer.distill import Distiller, DistillSettings, distill_iterations
 from trainer.errors import BadData
@@ -133,6 +134,10 @@ class TrainingJob:
         except ValueError as error:
             raise BadData(f"option time_distribution: {error}") from None
         total = options.iteration_num or training.iteration_num
+        try:
+            compile_wanted(options.compile, device)
+        except ValueError as error:
+            raise BadData(f"option compile: {error}") from None
         distill_start = None
         if options.ode_steps > 0:
             # Few-step distillation (trainer.distill): the last iterations distil for the game's
@@ -252,6 +257,7 @@ class TrainingJob:
         if not self._fast_checked:
             self._fast_checked = True
             training = self.config.trainer.training
+            compiled, why = compile_wanted(self.options.compile, self.device)
             self._fast = FastStep.build(
                 self.model,
                 self.optimizer,
@@ -260,10 +266,15 @@ class TrainingJob:
                 self.generator,
                 self.time_distribution,
                 training.observation_noise_scale,
+                compiled=compiled,
             )
             if self._fast is None:
                 reason = fast_step_unsupported(self.model, self.optimizer)
                 log(f"la-trainer: note: using the autograd training step ({reason})")
+            elif self._fast.compiling:
+                log("la-trainer: compiling the training step with torch.compile (once per run; seconds)")
+            elif self.options.compile.strip().lower() == "on":
+                log(f"la-trainer: warning: training step not compiled ({why})")
         return self._fast
 
     def _distill_step(self, iteration: int) -> float:
