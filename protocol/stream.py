@@ -392,6 +392,17 @@ class _Decoder(Generic[EventT]):
         self._failed = error
         return error
 
+    @property
+    def body_remaining(self) -> int:
+        """Bytes still missing from the body being received straight into its buffer (0: none is).
+
+        While it is positive, :meth:`get_buffer` hands out the rest of that body, so a transport may
+        receive into it several times in a row without looking for events in between."""
+        body = self._body
+        if body is None or self._pending:
+            return 0
+        return len(body) - self._filled
+
     def _can_progress(self) -> bool:
         if self._reader is None:
             return bool(self._pending)

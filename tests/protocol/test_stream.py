@@ -298,25 +298,30 @@ def test_trailing_data_begins_the_next_message(expected: object, wire: bytes, ne
 
 def test_body_lands_in_the_buffer_handed_out() -> None:
     decoder = configured_trainer()
+    assert decoder.body_remaining == 0
     view = decoder.get_buffer(-1)
     assert len(view) == 1  # exactly the signal byte: a recv never reads past a header
     view[:] = b"\x04"
     decoder.buffer_updated(1)
     assert decoder.next_event() is NEED_DATA
+    assert decoder.body_remaining == 0  # the header is still missing
     view = decoder.get_buffer(4096)
     assert len(view) == 4  # exactly the NetworkId, whatever the hint
     view[:] = (1).to_bytes(4, "little")
     decoder.buffer_updated(4)
     assert decoder.next_event() is NEED_DATA
     assert decoder.body_size == 5
+    assert decoder.body_remaining == 5
     view = decoder.get_buffer(-1)
     assert len(view) == 5
     view[:2] = b"he"
     decoder.buffer_updated(2)
+    assert decoder.body_remaining == 3  # back-to-back receives need no next_event() in between
     view = decoder.get_buffer(-1)
     assert len(view) == 3
     view[:] = b"llo"
     decoder.buffer_updated(3)
+    assert decoder.body_remaining == 0
     event = decoder.next_event()
     assert isinstance(event, NetworkToTrainer)
     assert bytes(event.data) == b"hello"

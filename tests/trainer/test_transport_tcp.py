@@ -240,3 +240,23 @@ def test_loopback_bind_is_quiet(capfd: pytest.CaptureFixture[str]) -> None:
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+def test_recv_into_nowait_takes_what_is_there_and_never_waits(pair: tuple[TcpConnection, TcpConnection]) -> None:
+    trainer, engine = pair
+    buf = bytearray(64)
+    start = time.monotonic()
+    assert trainer.recv_into_nowait(memoryview(buf)) == 0  # nothing sent yet: no wait, no error
+    assert time.monotonic() - start < 0.5
+    engine.send_parts([b"abcdef"])
+    deadline = time.monotonic() + 5
+    got = 0
+    while got < 6 and time.monotonic() < deadline:
+        got += trainer.recv_into_nowait(memoryview(buf)[got:])
+    assert bytes(buf[:6]) == b"abcdef"
+    assert trainer.recv_into_nowait(memoryview(buf)[:0]) == 0  # an empty view reads nothing
+    engine.close()
+    with pytest.raises(PeerGone, match="closed the connection"):
+        for _ in range(1000):  # the FIN may take a moment to arrive on loopback
+            trainer.recv_into_nowait(memoryview(buf))
+            time.sleep(0.005)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
+import os
 import select
 import socket
 import sys
@@ -34,6 +35,8 @@ _CONNECT_RETRY = 0.001
 """Seconds between connection attempts; the engine retries about every 1 ms (spec §1.3)."""
 
 _MAX_SENDMSG_PARTS = 512
+_HAVE_READV = hasattr(os, "readv")
+"""POSIX: a receive without the poll that a timeout-mode socket's ``recv_into`` makes first."""
 """Parts per sendmsg call; well under every platform's IOV_MAX (1024 on Linux and macOS)."""
 
 
@@ -121,6 +124,28 @@ class TcpConnection:
             raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what} from {self.peer}")
         try:
             n = self.sock.recv_into(view)
+        except (ConnectionResetError, ConnectionAbortedError) as error:
+            raise PeerGone(f"{self.peer} reset the connection while we were waiting for {what}") from error
+        if n == 0:
+            raise PeerGone(f"{self.peer} closed the connection while we were waiting for {what}")
+        return n
+
+    def recv_into_nowait(self, view: memoryview, *, what: str = "data") -> int:
+        """Receive what is already there, at most ``len(view)`` bytes, without waiting; 0 when nothing is.
+
+        One ``readv`` on the descriptor (the socket is non-blocking underneath its timeout mode): no
+        poll first, which is what makes back-to-back receives of a large body cheap. Where ``readv`` does
+        not exist (Windows) it returns 0 and callers fall back to :meth:`recv_into`.
+
+        Raises:
+            PeerGone: the engine closed the connection (EOF) or reset it.
+        """
+        if not _HAVE_READV or len(view) == 0:
+            return 0
+        try:
+            n = os.readv(self.sock.fileno(), [view])
+        except (BlockingIOError, InterruptedError):
+            return 0
         except (ConnectionResetError, ConnectionAbortedError) as error:
             raise PeerGone(f"{self.peer} reset the connection while we were waiting for {what}") from error
         if n == 0:
