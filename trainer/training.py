@@ -30,7 +30,7 @@ from trainer.checkpoint import (
 )
 from trainer.compiled_step import compile_wanted
 from trainer.data import TensorData, TrainingData
-from trainer.distill import Distiller, DistillSettings, distill_iterations
+from trainer.distill import RECOMMENDED_ITERATIONS, Distiller, DistillSettings, distill_iterations
 from trainer.errors import BadData
 from trainer.fast_step import FastStep, fast_step_unsupported
 from trainer.flow import TimeDistribution
@@ -151,6 +151,12 @@ class TrainingJob:
                 f"la-trainer: distilling for {options.ode_steps} Euler step(s) from iteration {distill_start} "
                 f"({total - distill_start} of {total} iterations, ≈{options.distill_fraction:.0%} of the time)"
             )
+            if total - distill_start < RECOMMENDED_ITERATIONS:
+                log(
+                    f"la-trainer: warning: {total - distill_start} distillation iterations are fewer than the "
+                    f"{RECOMMENDED_ITERATIONS} that measured close to many-step quality (docs/distillation.md); "
+                    "raise IterationNum or distill_fraction for better few-step behaviour."
+                )
         job = cls(
             config=config,
             options=options,

@@ -423,6 +423,10 @@ def test_trainer_process_distils_when_the_environment_asks(small_task: EngineTas
     record.check()
     assert record.completed
     assert any("distilling for 2 Euler step(s)" in line for line in record.log), record.log_tail()
+    # A short run warns that few-step quality needs more distillation iterations.
+    assert any(
+        "distillation iterations are fewer than the 20000" in line and "IterationNum" in line for line in record.log
+    ), record.log_tail()
     # The process's final networks are exactly the in-process job's (same seed, same iterations).
     options = TrainerOptions(ode_steps=2, distill_fraction=0.5)
     job, snapshots = small_job(small_task, options)
@@ -432,3 +436,14 @@ def test_trainer_process_distils_when_the_environment_asks(small_task: EngineTas
     for nid, layer in job.export().items():
         assert len(record.final_networks[nid]) == len(snapshots[nid])  # same sizes and headers
         assert write_model(final[nid].model) == write_model(layer)
+
+
+@pytest.mark.parametrize(("iterations", "warns"), [(181_980, True), (182_000, False)])
+def test_the_job_warns_when_distillation_gets_too_few_iterations(
+    small_task: EngineTask, iterations: int, warns: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # N = 1 at the default fraction 0.25 distils 19,998 of 181,980 and 20,000 of 182,000 iterations.
+    job, _ = small_job(small_task, TrainerOptions(ode_steps=1, iteration_num=iterations))
+    assert job.distill_start is not None
+    assert (iterations - job.distill_start < 20_000) == warns
+    assert ("distillation iterations are fewer than the 20000" in capsys.readouterr().out) == warns
