@@ -368,6 +368,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-mse", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="append rows as JSON lines")
     parser.add_argument("--table", type=Path, default=None, help="print the tables of a JSON-lines file")
+    parser.add_argument(
+        "--decision-cost",
+        action="store_true",
+        help="only time one engine-path decision (200 agents, median of 101) at each --eval-steps N",
+    )
     args = parser.parse_args(argv)
 
     if args.table is not None:
@@ -376,6 +381,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     torch.set_num_threads(args.threads)
+    if args.decision_cost:
+        # The cost does not depend on the weights: any exported network of the task's shapes will do.
+        for name in args.tasks:
+            job = make_job(TASKS[name], 0, 20, TrainerOptions())
+            for i in range(20):
+                job.step(i)
+            costs = {n: decision_ms(exported_policy(job, n), repeats=101) for n in args.eval_steps}
+            print(
+                f"{name}: ms per decision, {TIMING_AGENTS} agents: "
+                + ", ".join(f"N={n} {ms:.2f}" for n, ms in costs.items())
+            )
+        return 0
     rows: list[Row] = []
 
     def emit(row: Row) -> None:

@@ -71,13 +71,13 @@ def choose_device(config_device: str, override: str) -> torch.device:
     raise Unsupported(f'Device {wanted!r} is not supported: use "GPU" or "CPU" (or --device cuda:N).')
 
 
-THREADS_WORK_THRESHOLD = 32_000_000
+THREADS_WORK_THRESHOLD = 16_000_000
 """Multiply-adds per forward pass (batch × denoiser parameters) from which a step uses several threads.
 
-Measured with ``la-trainer bench --sections train`` (2 cores): the default network (batch 256 × 23k
-parameters ≈ 6 M) and the chunk-8 2×512 one (≈ 21 M) run as fast or faster on one thread (1,402 vs 1,364
-and 639 vs 633 it/s), the 3-layer 256-wide one at batch 1024 (≈ 80 M) runs 1.5× faster on two (256 vs
-168 it/s)."""
+Measured with ``la-trainer bench --sections train`` (2 cores, two idle runs, 1 thread vs 2): the default
+network (batch 256 × 23k parameters ≈ 6 M) runs faster on one (1,402 vs 1,364 and 1,338 vs 1,262 it/s);
+the chunk-8 2×512 one (≈ 21 M) as fast or faster on two (639 vs 633, 641 vs 798); the 3-layer 256-wide
+one at batch 1024 (≈ 80 M) much faster on two (168 vs 256, 177 vs 287)."""
 
 
 def _choose_threads(options: TrainerOptions, work: int) -> int:
