@@ -332,13 +332,21 @@ class FastStep:
         self._noise = empty(b, latent_width) if self.obs_noise_scale > 0 else None
         self._inp = empty(b, in_width)
         self._pre = [empty(b, w) for w in widths]  # pre-activations h_k (the last one is the output)
-        self._act = [empty(b, w) for w in widths[:-1]]  # activations a_k
-        self._scratch = [empty(b, w) for w in widths[:-1]]
+        if exact:
+            self._act = [empty(b, w) for w in widths[:-1]]  # activations a_k
+            self._scratch = [empty(b, w) for w in widths[:-1]]
+        else:
+            # The fast backward reads only the activation's result, so a_k overwrites h_k in place and one
+            # scratch per width serves every layer: a smaller working set (same values, same kernels).
+            self._act = self._pre[:-1]
+            shared = {w: empty(b, w) for w in set(widths[:-1])}
+            self._scratch = [shared[w] for w in widths[:-1]]
         self._pred = empty(b, action_width) if self._out_mean is not None else self._pre[-1]
         self._u = empty(b, action_width)
         self._diff = empty(b, action_width)
         self._grad_pre = [empty(b, w) for w in widths]  # dL/dh_k
-        self._grad_act = [empty(b, w) for w in widths[:-1]]  # dL/da_k
+        # dL/da_k; the fast mode's result-based backward turns it into dL/dh_k in place (same buffer).
+        self._grad_act = [empty(b, w) for w in widths[:-1]] if exact else self._grad_pre[:-1]
         self._uniform_time = time_distribution.kind == "uniform"
         # The arithmetic after the draws as one compiled function (trainer.compiled_step), when asked for
         # and possible: it gathers from the precomputed latents, and exact mode keeps ATen's kernels.
