@@ -67,8 +67,23 @@ class TrainerOptions:
         return tuple(f.name for f in fields(cls))
 
 
+_CHOICES: dict[str, tuple[str, ...]] = {"compile": ("on", "off")}
+"""String options with a fixed set of values, checked where they are read (so the error names the source)."""
+
+
+def _article(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
 def _coerce(name: str, raw: object, template: object, source: str) -> object:
     """Converts ``raw`` to the type of the default ``template``, with an error naming the source."""
+    if name in _CHOICES:
+        text = str(raw).strip().lower()
+        if text not in _CHOICES[name]:
+            raise LaunchError(
+                f"{source}: option '{name}' must be one of {', '.join(_CHOICES[name])}, got {raw!r}."
+            )
+        return text
     try:
         if isinstance(template, bool):
             if isinstance(raw, bool):
@@ -88,7 +103,7 @@ def _coerce(name: str, raw: object, template: object, source: str) -> object:
         return str(raw)
     except (TypeError, ValueError):
         raise LaunchError(
-            f"{source}: option '{name}' must be a {type(template).__name__}, got {raw!r}."
+            f"{source}: option '{name}' must be {_article(type(template).__name__)}, got {raw!r}."
         ) from None
 
 
