@@ -193,13 +193,15 @@ def run_training(
         job = TrainingJob.create(
             config, received, replay, options=options, device=device, checkpoint_dir=checkpoint_dir
         )
-        if prepare_job is not None:
-            job = prepare_job(job)
+        # Threads from the denoiser's size, set before prepare_job: scale-out divides them among the
+        # ranks of a node (trainer.distributed caps each rank's share), so it must see our choice.
         params = sum(p.numel() for p in job.model.denoiser.parameters())
         threads = _choose_threads(options, batch * params)
         if device.type == "cpu":
             torch.set_num_threads(threads)
-        _banner(device, threads)
+        if prepare_job is not None:
+            job = prepare_job(job)
+        _banner(device, torch.get_num_threads() if device.type == "cpu" else threads)
     total = job.total_iterations
     reporter.start(total, job.start_iteration)
     reporter.phase("training")  # before the first progress line: a failure now is a training failure

@@ -1,0 +1,98 @@
+"""The run's CPU thread count: chosen from the denoiser's size, set before ``prepare_job`` (scale-out
+divides it among a node's ranks), and reported as what the step really uses."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from protocol.config import SessionConfig
+from protocol.replay import ReplayBuffer
+from trainer.emulator.session import EngineTask, SessionSettings, build_session_config
+from trainer.exitcodes import ExitCode
+from trainer.loop import THREADS_WORK_THRESHOLD, _choose_threads, run_training
+from trainer.options import TrainerOptions
+from trainer.training import TrainingJob
+
+SETTINGS = SessionSettings(
+    iteration_num=6, batch_size=32, hidden_layer_num=1, hidden_layer_size=16, device="CPU", seed=3
+)
+
+
+class MemoryLink:
+    """The engine's half reduced to what ``run_training`` asks of a link: everything in memory."""
+
+    def __init__(self, task: EngineTask, settings: SessionSettings) -> None:
+        self.config, self.snapshots = build_session_config(task, settings, None)
+        self.replay: ReplayBuffer = task.replay_buffer
+        self.sent: list[int] = []
+        self.completed = False
+
+    def receive_config(self) -> SessionConfig:
+        return self.config
+
+    def receive_network(self, network_id: int) -> bytes:
+        return self.snapshots[network_id]
+
+    def receive_experience(self) -> ReplayBuffer:
+        return self.replay
+
+    def send_network(self, network_id: int, data: bytes, version: int) -> None:
+        self.sent.append(network_id)
+
+    def send_complete(self) -> None:
+        self.completed = True
+
+    def stop_requested(self) -> bool:
+        return False
+
+    def ping(self) -> None:
+        pass
+
+    def finish(self, timeout: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def task() -> EngineTask:
+    return EngineTask.benchmark("bimodal", size=200, seed=0)
+
+
+def test_the_threshold_splits_one_thread_from_several() -> None:
+    options = TrainerOptions()
+    assert _choose_threads(options, THREADS_WORK_THRESHOLD - 1) == 1
+    assert _choose_threads(options, THREADS_WORK_THRESHOLD) == min(os.cpu_count() or 1, 8)
+    assert _choose_threads(dataclasses.replace(options, threads=3), 10) == 3  # an explicit choice wins
+
+
+def test_prepare_job_sees_the_trainers_choice_and_the_banner_reports_its_cap(
+    task: EngineTask, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[int] = []
+
+    def cap_to_one(job: TrainingJob) -> TrainingJob:
+        # What trainer.distributed.scale_out_job does for 2+ ranks on a node: take a share.
+        seen.append(torch.get_num_threads())
+        torch.set_num_threads(1)
+        return job
+
+    previous = torch.get_num_threads()
+    try:
+        link = MemoryLink(task, SETTINGS)
+        options = TrainerOptions(threads=2, status_file=False, checkpoint_every_seconds=0)
+        prepare: Callable[[TrainingJob], TrainingJob] = cap_to_one
+        result = run_training(link, options=options, task_dir=None, prepare_job=prepare)
+    finally:
+        torch.set_num_threads(previous)
+    assert result == ExitCode.OK
+    assert link.completed and link.sent[-3:] == [0, 1, 2]
+    assert seen == [2]  # the trainer's choice (here the explicit option) was in force before the hook
+    out = capsys.readouterr().out
+    assert "| threads 1 |" in out  # the banner reports the share the hook left, which the step uses
