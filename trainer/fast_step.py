@@ -350,9 +350,7 @@ class FastStep:
         self._uniform_time = time_distribution.kind == "uniform"
         # The arithmetic after the draws as one compiled function (trainer.compiled_step), when asked for
         # and possible: it gathers from the precomputed latents, and exact mode keeps ATen's kernels.
-        self._activations = layout.activations
         self._compiled: LossAndGrads | None = None
-        self._compile_failed = False
         if compiled and not exact and self._latents is not None:
             self._compiled = compile_loss_and_grads(layout.activations, self.obs_noise_scale)
         self._grad_views = [view for layer in self._layers for view in (layer[2], layer[3])]
@@ -523,7 +521,6 @@ class FastStep:
             )
         except Exception as error:  # inductor raises many types (compiler missing, codegen, lowering)
             self._compiled = None
-            self._compile_failed = True
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             log(f"la-trainer: warning: torch.compile failed ({first[:200]}); using the eager fused step")
             return None

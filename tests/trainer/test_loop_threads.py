@@ -4,15 +4,16 @@ divides it among a node's ranks), and reported as what the step really uses."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
-from protocol.config import SessionConfig
-from protocol.replay import ReplayBuffer
-from trainer.emulator.session import EngineTask, SessionSettings, build_session_config
+from tests.trainer.test_distributed import MemoryLink
+from trainer.emulator.session import SessionSettings
 from trainer.exitcodes import ExitCode
 from trainer.loop import THREADS_WORK_THRESHOLD, _choose_threads, run_training
 from trainer.options import TrainerOptions
@@ -23,48 +24,6 @@ SETTINGS = SessionSettings(
 )
 
 
-class MemoryLink:
-    """The engine's half reduced to what ``run_training`` asks of a link: everything in memory."""
-
-    def __init__(self, task: EngineTask, settings: SessionSettings) -> None:
-        self.config, self.snapshots = build_session_config(task, settings, None)
-        self.replay: ReplayBuffer = task.replay_buffer
-        self.sent: list[int] = []
-        self.completed = False
-
-    def receive_config(self) -> SessionConfig:
-        return self.config
-
-    def receive_network(self, network_id: int) -> bytes:
-        return self.snapshots[network_id]
-
-    def receive_experience(self) -> ReplayBuffer:
-        return self.replay
-
-    def send_network(self, network_id: int, data: bytes, version: int) -> None:
-        self.sent.append(network_id)
-
-    def send_complete(self) -> None:
-        self.completed = True
-
-    def stop_requested(self) -> bool:
-        return False
-
-    def ping(self) -> None:
-        pass
-
-    def finish(self, timeout: float) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def task() -> EngineTask:
-    return EngineTask.benchmark("bimodal", size=200, seed=0)
-
-
 def test_the_threshold_splits_one_thread_from_several() -> None:
     options = TrainerOptions()
     assert _choose_threads(options, THREADS_WORK_THRESHOLD - 1) == 1
@@ -73,7 +32,7 @@ def test_the_threshold_splits_one_thread_from_several() -> None:
 
 
 def test_prepare_job_sees_the_trainers_choice_and_the_banner_reports_its_cap(
-    task: EngineTask, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seen: list[int] = []
 
@@ -85,14 +44,15 @@ def test_prepare_job_sees_the_trainers_choice_and_the_banner_reports_its_cap(
 
     previous = torch.get_num_threads()
     try:
-        link = MemoryLink(task, SETTINGS)
+        link = MemoryLink.for_task(SETTINGS, tmp_path)
         options = TrainerOptions(threads=2, status_file=False, checkpoint_every_seconds=0)
         prepare: Callable[[TrainingJob], TrainingJob] = cap_to_one
         result = run_training(link, options=options, task_dir=None, prepare_job=prepare)
     finally:
         torch.set_num_threads(previous)
     assert result == ExitCode.OK
-    assert link.completed and link.sent[-3:] == [0, 1, 2]
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e.get("id") for e in events[-4:]] == [0, 1, 2, None] and events[-1]["event"] == "complete"
     assert seen == [2]  # the trainer's choice (here the explicit option) was in force before the hook
     out = capsys.readouterr().out
     assert "| threads 1 |" in out  # the banner reports the share the hook left, which the step uses
