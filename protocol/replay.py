@@ -321,6 +321,19 @@ class ReplayLayout:
                 out.append(spec)
         return out
 
+    def region_bytes(self, episode_num: int, step_num: int) -> dict[str, int]:
+        """Bytes the first E / S rows take in each allocated region (names as in :meth:`regions`).
+
+        What a reader copies out of shared memory (§2.4 step 3); E and S are checked first.
+        """
+        e, s = self._check_counts(episode_num, step_num)
+        out: dict[str, int] = {}
+        for sec in self._sections():
+            max_rows = self.max_episode_num if sec.rows == "E" else self.max_step_num
+            if sec.count(max_rows) > 0:  # allocated (zero-size regions are not, §2.2)
+                out[sec.name] = sec.count(e if sec.rows == "E" else s) * sec.dtype.itemsize
+        return out
+
     def read_regions(
         self,
         views: Mapping[str, memoryview | bytes | bytearray],

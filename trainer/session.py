@@ -63,6 +63,7 @@ from trainer.transport.files import (
     write_network_files,
 )
 from trainer.transport.shm import SharedRegion, region_exists
+from trainer.transport.staging import ReplayStaging
 from trainer.transport.tcp import TcpConnection, TcpServer
 from trainer.transport.wait import StopRequested, wait_until
 
@@ -233,6 +234,8 @@ class ShmTrainerLink:
         self._network_regions: dict[int, SharedRegion] = {}
         self._replay_views: dict[int, dict[str, memoryview]] = {}
         self._layouts: dict[int, ReplayLayout] = {}
+        # Destination of the next shared-memory replay buffer, pre-faulted while we wait (staging.py).
+        self._staging: ReplayStaging | None = None
         self._config: SessionConfig | None = None
         self._stopped = False
         self._closed = False
@@ -284,7 +287,21 @@ class ShmTrainerLink:
             stop=self._stop_seen,
             peer_check_interval=self._timeouts.peer_check_interval,
             interrupted=self._interrupted if interruptible else None,
+            on_poll=self._prepare_staging,
         )
+
+    def _prepare_staging(self) -> None:
+        # Every wait after the config (networks, experience) spends its idle polls faulting in the
+        # replay buffer's destination, so the copy-out runs at memory speed (staging.py).
+        if self._staging is not None and not self._staging.done:
+            self._staging.advance()
+
+    def _new_staging(self) -> None:
+        # Only for the single buffer flow matching uses (§2.2); with several, which one comes next
+        # is unknown and staging them all would fault in memory that may never be used.
+        if self._staging is None and len(self._layouts) == 1:
+            ((rb_id, layout),) = self._layouts.items()
+            self._staging = ReplayStaging(layout, self._replay_views[rb_id])
 
     # -- the session -----------------------------------------------------------------------------------
 
@@ -336,6 +353,7 @@ class ShmTrainerLink:
                 views[spec.name] = region.buf
             self._layouts[rb.id] = layout
             self._replay_views[rb.id] = views
+        self._new_staging()
 
     def _open(self, guid: str, size: int, label: str) -> SharedRegion:
         try:
@@ -373,6 +391,7 @@ class ShmTrainerLink:
     def receive_experience(self) -> ReplayBuffer:
         """Wait for ExperienceSignal, copy the first E/S rows out of the regions, acknowledge (§2.4)."""
         self._require_config("receive_experience")
+        self._new_staging()
         info = self._wait(
             self._controls.experience_ready, self._timeouts.experience, "the replay buffer from the game"
         )
@@ -386,8 +405,12 @@ class ShmTrainerLink:
             )
         views = self._replay_views[info.replay_buffer_id]
         shared = layout.read_regions(views, info.episode_num, info.step_num, info.replay_buffer_id)
-        copied = _copy_replay(shared)
-        del shared  # drop the views into shared memory before the engine may reuse the regions
+        staging, self._staging = self._staging, None
+        if staging is not None and staging.layout.replay_buffer_id == info.replay_buffer_id:
+            copied = staging.copy_out(info.episode_num, info.step_num, info.replay_buffer_id)
+        else:
+            copied = _copy_replay(shared)
+        del shared, staging  # drop the views into shared memory before the engine may reuse the regions
         self._controls.ack_experience()
         return copied
 
@@ -485,6 +508,7 @@ class ShmTrainerLink:
         regions, self._regions = self._regions, []
         self._network_regions.clear()
         self._replay_views.clear()
+        self._staging = None
         try:
             for region in regions:
                 region.close()

@@ -326,6 +326,28 @@ def test_read_regions_errors() -> None:
         FM_LAYOUT.read_regions(views, 2, 3, 1)
 
 
+def test_region_bytes_are_the_rows_read() -> None:
+    # FM: E=2 starts/lengths (int32), S=3 rows of 2 and 1 floats.
+    assert FM_LAYOUT.region_bytes(2, 3) == {
+        "EpisodeStarts": 8,
+        "EpisodeLengths": 8,
+        "Observations[0]": 24,
+        "Actions[0]": 12,
+    }
+    full = FULL_LAYOUT.region_bytes(1, 2)
+    assert [name for name in full] == [r.name for r in FULL_LAYOUT.regions()]
+    assert full["EpisodeCompletionModes"] == 1 and full["ActionModifiers[0]"] == 24
+    assert FM_LAYOUT.region_bytes(0, 0) == dict.fromkeys(full.keys() & FM_LAYOUT.region_bytes(0, 0), 0)
+    # Zero-size regions are not allocated, so they have no entry (§2.2).
+    assert ReplayLayout(0, 0, 4, observation_dims=(2, 0), action_dims=(1,)).region_bytes(0, 4) == {
+        "Observations[0]": 32,
+        "Actions[0]": 16,
+    }
+    for e, s in ((4, 3), (2, 6), (-1, 3), (2, -1)):  # max+1 and negative counts
+        with pytest.raises(ReplayError):
+            FM_LAYOUT.region_bytes(e, s)
+
+
 def test_layout_from_config() -> None:
     cfg = ReplayBufferConfig(
         id=0,

@@ -296,6 +296,11 @@ def test_shm_full_session(shm_game: ShmGame) -> None:
         assert replay.observations[0].flags.owndata or replay.observations[0].base is not None
         assert shm_game.received == [trained(0), trained(1)]
         assert read_controls(link._control_region.buf)[Control.EXPERIENCE_SIGNAL] == 0
+        assert link._staging is None  # the staged memory went to the caller with the buffer
+        # The engine may reuse its regions once we acknowledged: what we hold is our own copy.
+        for region in shm_game.replay.values():
+            region.buf[:] = bytes(len(region.buf))
+        assert_replay_equal(replay, sample_replay())
     finally:
         link.close()
     controls_name = os_shm_name(shm_game.controls_guid, PLATFORM)
