@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from trainer.compiled_step import LossAndGrads, compile_loss_and_grads
+from trainer.compiled_step import FlatLayout, FlatStep, compile_flat_step
 from trainer.data import TensorData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution
@@ -350,10 +350,17 @@ class FastStep:
         self._uniform_time = time_distribution.kind == "uniform"
         # The arithmetic after the draws as one compiled function (trainer.compiled_step), when asked for
         # and possible: it gathers from the precomputed latents, and exact mode keeps ATen's kernels.
-        self._compiled: LossAndGrads | None = None
+        self._compiled: FlatStep | None = None
         if compiled and not exact and self._latents is not None:
-            self._compiled = compile_loss_and_grads(layout.activations, self.obs_noise_scale)
-        self._grad_views = [view for layer in self._layers for view in (layer[2], layer[3])]
+            flat_layout = FlatLayout(
+                blocks=tuple(
+                    (off, tuple(shape))
+                    for off, shape in zip(self._flat.offsets, self._flat.shapes, strict=True)
+                ),
+                layers=tuple((index[id(lin.weight)], index[id(lin.bias)]) for lin in layout.linears),
+                size=self._flat.size,
+            )
+            self._compiled = compile_flat_step(layout.activations, self.obs_noise_scale, flat_layout)
 
     @torch.no_grad()
     def _adopt(self) -> None:
@@ -477,15 +484,18 @@ class FastStep:
         noise = None
         if self._noise is not None:
             noise = torch.randn(self._noise.shape, generator=g, out=self._noise)
-        compiled = self._compiled_loss(idx, x0, t, noise) if self._compiled is not None else None
-        loss, divisor = compiled if compiled is not None else self._eager_loss_and_grads(idx, x0, t, noise)
+        metrics = self._compiled_metrics(idx, x0, t, noise) if self._compiled is not None else None
+        if metrics is None:
+            loss, divisor = self._eager_loss_and_grads(idx, x0, t, noise)
+            # vector_norm accumulates float32 in double on CPU, as the reference's norm does: no overflow
+            # of the squares for gradients that are large but finite.
+            grad_norm = torch.linalg.vector_norm(self.flat_grads)
+            loss_total, norm_value = torch.stack((loss, grad_norm)).tolist()
+            loss_value = loss_total / divisor
+        else:
+            loss_value, norm_value = metrics.tolist()
 
         # 5. Check, then AdamW and the EMA.
-        # vector_norm accumulates float32 in double on CPU, as the reference's norm does: no overflow of
-        # the squares for gradients that are large but finite.
-        grad_norm = torch.linalg.vector_norm(self.flat_grads)
-        loss_total, norm_value = torch.stack((loss, grad_norm)).tolist()
-        loss_value = loss_total / divisor
         if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
             raise Diverged(
                 f"the loss became non-finite at iteration {iteration} (loss {loss_value}, gradient norm "
@@ -495,23 +505,21 @@ class FastStep:
         model.update_ema()
         return StepMetrics(loss=loss_value, grad_norm=norm_value)
 
-    def _compiled_loss(
-        self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None
-    ) -> tuple[Tensor, int] | None:
-        """(mean loss, 1), gradients into the flat buffer, through the compiled function; None (and the
-        compiled function dropped, with one warning) when it cannot compile or run."""
+    def _compiled_metrics(self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None) -> Tensor | None:
+        """(mean loss, gradient norm) as float64, gradients into the flat buffer, through the compiled
+        function; None (and the compiled function dropped, with one warning) when it cannot compile or
+        run, so the caller runs the eager stages on the same draws."""
         model = self.model
         assert self._compiled is not None and self._latents is not None
         try:
-            loss, grad_w, grad_b = self._compiled(
+            metrics, grads = self._compiled(
                 self._latents,
                 self._x1,
                 idx,
                 x0,
                 t,
                 noise,
-                [layer[0] for layer in self._layers],
-                [layer[1] for layer in self._layers],
+                self.flat_params,
                 model.x_mean,
                 model.x_std,
                 model.v_mean,
@@ -524,9 +532,8 @@ class FastStep:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             log(f"la-trainer: warning: torch.compile failed ({first[:200]}); using the eager fused step")
             return None
-        grads = [g for pair in zip(grad_w, grad_b, strict=True) for g in pair]
-        torch._foreach_copy_(self._grad_views, grads)
-        return loss, 1
+        self.flat_grads.copy_(grads)
+        return metrics
 
     def _eager_loss_and_grads(
         self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None

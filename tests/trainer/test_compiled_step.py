@@ -17,7 +17,13 @@ import torch
 
 import trainer.fast_step as fast_step_module
 from tests.trainer.test_fast_step import BATCH, assert_same, engine_model, everything
-from trainer.compiled_step import compile_unavailable, compile_wanted, make_loss_and_grads
+from trainer.compiled_step import (
+    FlatLayout,
+    compile_unavailable,
+    compile_wanted,
+    make_flat_step,
+    make_loss_and_grads,
+)
 from trainer.fast_step import FastStep
 from trainer.flow import TimeDistribution
 from trainer.step import make_optimizer
@@ -102,6 +108,58 @@ def test_the_hand_written_backward_is_autograds(
         torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-6)
 
 
+def test_the_flat_step_lays_gradients_out_like_the_parameters_and_sums_the_norm_in_double() -> None:
+    gen = torch.Generator().manual_seed(5)
+    rows, latent, action, hidden, batch = 40, 3, 2, 6, 10
+    widths = [latent + action + 1, hidden, action]
+    shapes = [(hidden, widths[0]), (hidden,), (action, hidden), (action,)]
+    # Blocks padded to 16 floats, in an order that is not the network's (the optimiser's order rules).
+    order = [2, 0, 3, 1]
+    offsets, at = {}, 0
+    for i in order:
+        offsets[i] = at
+        at += -(-torch.Size(shapes[i]).numel() // 16) * 16
+    layout = FlatLayout(
+        blocks=tuple((offsets[i], shapes[i]) for i in range(4)), layers=((0, 1), (2, 3)), size=at
+    )
+    flat = torch.zeros(at)
+    params = [flat[o : o + torch.Size(sh).numel()].view(sh) for o, sh in layout.blocks]
+    for p in params:
+        p.copy_(torch.randn(p.shape, generator=gen))
+    args = (
+        torch.randn(rows, latent, generator=gen),
+        torch.randn(rows, action, generator=gen),
+        torch.randint(rows, (batch,), generator=gen),
+        torch.randn(batch, action, generator=gen),
+        torch.rand(batch, 1, generator=gen),
+        None,
+    )
+    stats = (torch.zeros(action), torch.ones(action), torch.zeros(action), torch.ones(action), None, None)
+    metrics, grads = make_flat_step(["TanH"], 0.0, layout)(*args, flat, *stats)
+    loss, grad_w, grad_b = make_loss_and_grads(["TanH"], 0.0)(
+        *args, [params[0], params[2]], [params[1], params[3]], *stats
+    )
+    assert grads.shape == flat.shape
+    for (offset, shape), expected in zip(
+        layout.blocks, [grad_w[0], grad_b[0], grad_w[1], grad_b[1]], strict=True
+    ):
+        assert torch.equal(grads[offset : offset + torch.Size(shape).numel()].view(shape), expected)
+    used = torch.zeros(at, dtype=torch.bool)
+    for offset, shape in layout.blocks:
+        used[offset : offset + torch.Size(shape).numel()] = True
+    assert torch.count_nonzero(grads[~used]) == 0 and int((~used).sum()) > 0  # padding stays 0
+    assert metrics.dtype == torch.float64
+    assert metrics[0].item() == pytest.approx(loss.item(), rel=1e-6)
+    assert metrics[1].item() == pytest.approx(torch.linalg.vector_norm(grads.double()).item(), rel=1e-12)
+    with pytest.raises(ValueError, match="overlap"):
+        FlatLayout(blocks=((0, (4,)), (2, (4,))), layers=((0, 1),), size=8)
+    with pytest.raises(ValueError, match="past the buffer's size 7"):
+        FlatLayout(blocks=((0, (4,)), (4, (4,))), layers=((0, 1),), size=7)
+    # Squares summed in float64: a finite gradient whose float32 square overflows keeps a finite norm.
+    huge = torch.full((4,), 3e30)
+    assert torch.isinf((huge * huge).sum()) and torch.isfinite(huge.double().square().sum().sqrt())
+
+
 def run_fast(model: object, data: object, steps: int, *, compiled: bool) -> tuple[FastStep, torch.Generator]:
     generator = torch.Generator().manual_seed(13)
     optimizer = make_optimizer(model, 3e-3, 1e-3)  # type: ignore[arg-type]
@@ -148,13 +206,13 @@ def test_compiled_step_matches_the_eager_step_and_reproduces_itself(
 def test_a_failed_compilation_falls_back_to_the_eager_step_without_losing_a_draw(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def broken(activations: object, obs_noise_scale: float) -> object:
+    def broken(activations: object, obs_noise_scale: float, layout: object) -> object:
         def fail(*args: object) -> None:
             raise RuntimeError("InductorError: no working C++ compiler\nmore detail")
 
         return fail
 
-    monkeypatch.setattr(fast_step_module, "compile_loss_and_grads", broken)
+    monkeypatch.setattr(fast_step_module, "compile_flat_step", broken)
     base, data = engine_model()
     eager_model, fallback_model = copy.deepcopy(base), copy.deepcopy(base)
     eager, eager_gen = run_fast(eager_model, data, 12, compiled=False)
