@@ -15,7 +15,11 @@ the median of ``--repeats`` runs, contenders interleaved so that load changes hi
    the socket (the real :mod:`trainer.session` links against the emulator's :mod:`trainer.emulator.game`
    drivers), against a memcpy of the same bytes and a raw loopback transfer, in the same processes.
    Time = from the engine posting the buffer (shm) or starting to send it (socket) to
-   ``receive_experience`` returning in the trainer process (one system-wide monotonic clock).
+   ``receive_experience`` returning in the trainer process (one system-wide monotonic clock). The shm
+   trainer pre-faults its copy-out target while it waits (:mod:`trainer.transport.staging`); the engine
+   side writes the buffer only after the trainer says it is waiting, so that work races the engine's
+   write here as it does in a real session (where the engine also writes into fresh regions, slower
+   than the warm ones reused by these repeats, so staging usually finishes there).
 3. **Startup** of the real trainer (``scripts/train.py`` spawned as the engine spawns it, shared memory):
    launch → first network request, → training loop start (its log line), → first sync round, which
    follows the first iteration (``LA_TRAINER_SYNC_EVERY_ITERATIONS=1``).

@@ -16,7 +16,10 @@ removes that overhead and nothing else:
   tensor and the gradient norm one reduction.
 * **Frozen encoder precomputed.** The encoder and the latent standardisation are deterministic per
   training row, so the standardised latents of every row are computed once (when they fit in
-  :data:`PRECOMPUTE_LIMIT_BYTES`) and a batch gathers them.
+  :data:`PRECOMPUTE_LIMIT_BYTES`) and a batch gathers them. (One table of latents and targets, gathered
+  at once, measured slower: the strided halves cost more downstream than the second gather.)
+* **One EMA update.** The EMA copies of the parameters are views into one flat buffer too, so the
+  EMA step is a single ``lerp_`` over it (the same per-element formula as the per-tensor one).
 
 Random stream: unchanged. The generator is drawn in the reference order: batch rows (``randint``),
 ``x0`` (``randn``), ``t`` (:meth:`TimeDistribution.sample`), observation noise (``randn``), with the same
@@ -29,10 +32,11 @@ Two modes (``exact``):
   single-tensor AdamW formulas element for element. For the engine's networks (an element-wise encoder)
   every step is then bitwise the reference step (the tests check it); the loss and gradient norm are
   reported from one flat reduction, which can differ from the reference's in the last bit.
-* ``exact=False`` (the trainer's choice) computes ELU as ``max(h, 0) + exp(min(h, 0)) − 1`` (``expm1`` is
-  not vectorised on CPU and costs as much as a layer's matmul), its backward from the result (``a + 1``,
-  no second exponential), and AdamW with torch's fused kernel. Same functions; results agree with the
-  reference to float rounding (a few ulp per step), so training is the same in distribution.
+* ``exact=False`` (the trainer's choice) computes ELU as ``max(h, exp(min(h, 0)) − 1)`` (``expm1`` is
+  not vectorised on CPU and ATen's ``elu`` costs about twice these four kernels), its backward from the
+  result (``a + 1``, no second exponential), and AdamW with torch's fused kernel. Same functions; results
+  agree with the reference to float rounding (a few ulp per step), so training is the same in
+  distribution.
 
 Either way, a fixed seed gives bitwise-identical results run to run (same shapes, thread count and
 alignment; the latents precomputed from a non-element-wise encoder differ from per-batch ones only in
@@ -195,19 +199,20 @@ class _Flat:
 
 
 def _activation_forward(name: str, exact: bool) -> Callable[[Tensor, Tensor, Tensor], object]:
-    """``(h, out, scratch)``: the activation of ``h`` into ``out``.
+    """``(h, out, scratch)``: the activation of ``h`` into ``out`` (``out`` may be ``h``).
 
     ELU, exact: ATen's ``elu`` (``expm1`` on the negative side), the kernel autograd runs. ELU, fast:
-    ``max(h, 0) + (exp(min(h, 0)) − 1)``, the same function with ``exp − 1`` for ``expm1`` (identical for
-    h > 0, within a few ulp of ``expm1`` below 0), about twice as fast on CPUs where ``expm1`` is
-    not vectorised."""
+    ``max(h, exp(min(h, 0)) − 1)``: for h > 0 the second term is 0, for h ≤ 0 it is exp(h) − 1 ≥ h, so
+    this is ELU with ``exp − 1`` for ``expm1`` (identical for h > 0, within a few ulp below 0; NaN
+    propagates). Four kernels, about half the time of ATen's ``elu`` on CPUs where ``expm1`` is not
+    vectorised."""
     if name == "ELU" and exact:
         return lambda h, out, scratch: torch.ops.aten.elu.out(h, 1.0, 1.0, 1.0, out=out)
     if name == "ELU":
 
         def elu(h: Tensor, out: Tensor, scratch: Tensor) -> None:
             torch.clamp_max(h, 0.0, out=scratch).exp_().sub_(1.0)
-            torch.clamp_min(h, 0.0, out=out).add_(scratch)
+            torch.maximum(h, scratch, out=out)
 
         return elu
     if name == "ReLU":
@@ -269,12 +274,12 @@ class FastStep:
 
         # Latents: precomputed per row when they fit, else encoded per batch (same values).
         latent_width = int(model.latent_mean.shape[0])
+        action_width = int(data.x1.shape[1])
         self._obs = data.obs
         self._x1 = data.x1
         self._latents: Tensor | None = None
         if data.row_num * latent_width * 4 <= PRECOMPUTE_LIMIT_BYTES:
             self._latents = _encode_all(model, data.obs)
-        action_width = int(data.x1.shape[1])
 
         # Flat parameters, gradients and AdamW moments, in the optimiser's parameter order.
         params: list[nn.Parameter] = list(optimizer.param_groups[0]["params"])
@@ -287,7 +292,13 @@ class FastStep:
         self.flat_max_exp_avg_sq = self._flat.new(device)
         self._denom = self._flat.new(device)
         self.steps = torch.zeros(len(params), dtype=torch.float32, device=device)
+        self._step0 = self.steps[0]  # every parameter has the same age (checked at build)
         self._step_count = 0
+        # The EMA copies of the parameters, flat too, when the EMA covers exactly the parameters
+        # trained here (else the model's per-tensor update runs).
+        self._ema_params: list[Tensor] | None = _ema_counterparts(model, params)
+        self.flat_ema: Tensor | None = None if self._ema_params is None else self._flat.new(device)
+        self._ema_flat_pairs = None if self.flat_ema is None else ([self.flat_ema], [self.flat_params])
         self._adopt()
         index = {id(p): i for i, p in enumerate(params)}
 
@@ -303,6 +314,8 @@ class FastStep:
                     self._flat.view(self.flat_grads, bi),
                 )
             )
+        # Transposed views, made once (they stay valid: the flat buffers are never replaced).
+        self._weights_t = [layer[0].t() for layer in self._layers]
         widths = [int(lin.weight.shape[0]) for lin in layout.linears]
         in_width = int(layout.linears[0].weight.shape[1])
         if in_width != latent_width + action_width + 1 or widths[-1] != action_width:
@@ -345,6 +358,7 @@ class FastStep:
         self._u = empty(b, action_width)
         self._diff = empty(b, action_width)
         self._grad_pre = [empty(b, w) for w in widths]  # dL/dh_k
+        self._grad_pre_t = [g.t() for g in self._grad_pre]
         # dL/da_k; the fast mode's result-based backward turns it into dL/dh_k in place (same buffer).
         self._grad_act = [empty(b, w) for w in widths[:-1]] if exact else self._grad_pre[:-1]
         self._uniform_time = time_distribution.kind == "uniform"
@@ -371,13 +385,23 @@ class FastStep:
         optimizer = self.optimizer
         amsgrad = bool(optimizer.param_groups[0]["amsgrad"])
         flat = self._flat
+        # Read everything first: some of it may already be views into the buffers rewritten below (only
+        # the optimiser state was replaced, say), and zeroing a buffer must not erase its own source.
+        values = [p.detach().clone() for p in self._params]
+        states = [
+            {
+                k: v.detach().clone() if isinstance(v, Tensor) else v
+                for k, v in optimizer.state.get(p, {}).items()
+            }
+            for p in self._params
+        ]
+        ema_values = None if self._ema_params is None else [e.detach().clone() for e in self._ema_params]
         self.flat_exp_avg.zero_()
         self.flat_exp_avg_sq.zero_()
         self.flat_max_exp_avg_sq.zero_()
         self.steps.zero_()
-        for i, p in enumerate(self._params):
-            flat.view(self.flat_params, i).copy_(p)
-            state = optimizer.state.get(p, {})
+        for i, (value, state) in enumerate(zip(values, states, strict=True)):
+            flat.view(self.flat_params, i).copy_(value)
             if state:
                 flat.view(self.flat_exp_avg, i).copy_(state["exp_avg"])
                 flat.view(self.flat_exp_avg_sq, i).copy_(state["exp_avg_sq"])
@@ -395,8 +419,14 @@ class FastStep:
             if amsgrad:
                 new_state["max_exp_avg_sq"] = flat.view(self.flat_max_exp_avg_sq, i)
             optimizer.state[p] = new_state
+        if self._ema_params is not None and ema_values is not None and self.flat_ema is not None:
+            for i, (e, value) in enumerate(zip(self._ema_params, ema_values, strict=True)):
+                view = flat.view(self.flat_ema, i)
+                view.copy_(value)
+                e.data = view
         self._step_count = int(self.steps[0].item()) if self._params else 0
         self._owned = (self._params[0].data_ptr(), optimizer.state[self._params[0]]["exp_avg"])
+        self._ema_owned = None if self._ema_params is None else self._ema_params[0].data_ptr()
 
     @property
     def compiling(self) -> bool:
@@ -411,6 +441,7 @@ class FastStep:
             first.data_ptr() == self._owned[0]
             and state is not None
             and state.get("exp_avg") is self._owned[1]
+            and (self._ema_params is None or self._ema_params[0].data_ptr() == self._ema_owned)
         )
 
     @classmethod
@@ -502,7 +533,7 @@ class FastStep:
                 f"{norm_value}); the weights of the last good iteration were kept"
             )
         self._adamw()
-        model.update_ema()
+        model.update_ema(self._ema_flat_pairs)
         return StepMetrics(loss=loss_value, grad_norm=norm_value)
 
     def _compiled_metrics(self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None) -> Tensor | None:
@@ -559,8 +590,8 @@ class FastStep:
         # 2. Forward through the MLP (F.linear is addmm(bias, x, W.T) on CPU and CUDA alike).
         a = self._inp
         last = len(self._layers) - 1
-        for k, (weight, bias, _, _) in enumerate(self._layers):
-            h = torch.addmm(bias, a, weight.t(), out=self._pre[k])
+        for k, (_, bias, _, _) in enumerate(self._layers):
+            h = torch.addmm(bias, a, self._weights_t[k], out=self._pre[k])
             if k < last:
                 self._forward[k](h, self._act[k], self._scratch[k])
                 a = self._act[k]
@@ -583,7 +614,7 @@ class FastStep:
             weight, _, grad_w, grad_b = self._layers[k]
             gk = self._grad_pre[k]
             prev = self._inp if k == 0 else self._act[k - 1]
-            torch.mm(gk.t(), prev, out=grad_w)
+            torch.mm(self._grad_pre_t[k], prev, out=grad_w)
             torch.sum(gk, 0, out=grad_b)
             if k > 0:
                 torch.mm(gk, weight, out=self._grad_act[k - 1])
@@ -609,7 +640,7 @@ class FastStep:
                 [self.flat_exp_avg],
                 [self.flat_exp_avg_sq],
                 [self.flat_max_exp_avg_sq],
-                [self.steps[0]],  # every parameter has the same age (checked at build)
+                [self._step0],
                 lr=lr,
                 beta1=beta1,
                 beta2=beta2,
@@ -635,6 +666,24 @@ class FastStep:
             torch.sqrt(self.flat_exp_avg_sq, out=denom)
         denom.div_(bias_correction2_sqrt).add_(eps)
         param.addcdiv_(self.flat_exp_avg, denom, value=-step_size)
+
+
+def _ema_counterparts(model: FlowModel, params: list[nn.Parameter]) -> list[Tensor] | None:
+    """The EMA denoiser's parameter for each of ``params`` (in order), or None when the EMA is off, also
+    covers the encoder, or holds parameters that are not trained here (their per-tensor update runs)."""
+    if model.ema_denoiser is None or model.ema_encoder is not None:
+        return None
+    names = {id(p): name for name, p in model.denoiser.named_parameters()}
+    ema = dict(model.ema_denoiser.named_parameters())
+    if len(names) != len(params) or len(ema) != len(params) or any(id(p) not in names for p in params):
+        return None
+    counterparts = [ema.get(names[id(p)]) for p in params]
+    if any(
+        e is None or e.shape != p.shape or e.dtype != p.dtype
+        for e, p in zip(counterparts, params, strict=True)
+    ):
+        return None
+    return [e for e in counterparts if e is not None]
 
 
 @torch.no_grad()

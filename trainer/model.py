@@ -392,20 +392,25 @@ class FlowModel(nn.Module):
     # EMA
 
     @torch.no_grad()
-    def update_ema(self) -> None:
-        """One EMA step after an optimiser step (no-op when disabled); no host sync."""
+    def update_ema(self, pairs: tuple[list[Tensor], list[Tensor]] | None = None) -> None:
+        """One EMA step after an optimiser step (no-op when disabled); no host sync.
+
+        ``pairs``: (EMA tensors, live tensors) to move instead of the parameters one by one; the fused
+        step passes its flat buffers, of which the parameters and their EMA copies are views."""
         if self.ema_denoiser is None:
             return
-        if self._ema_pairs is None:
-            live: list[Tensor] = list(self.denoiser.parameters())
-            ema: list[Tensor] = list(self.ema_denoiser.parameters())
-            if self.ema_encoder is not None:
-                live += list(self.encoder.parameters())
-                ema += list(self.ema_encoder.parameters())
-            self._ema_pairs = (ema, live)
+        if pairs is None:
+            if self._ema_pairs is None:
+                live: list[Tensor] = list(self.denoiser.parameters())
+                ema: list[Tensor] = list(self.ema_denoiser.parameters())
+                if self.ema_encoder is not None:
+                    live += list(self.encoder.parameters())
+                    ema += list(self.ema_encoder.parameters())
+                self._ema_pairs = (ema, live)
+            pairs = self._ema_pairs
         n = self._ema_count
         decay = min(self.ema_decay, (1.0 + n) / (10.0 + n))
-        torch._foreach_lerp_(self._ema_pairs[0], self._ema_pairs[1], 1.0 - decay)
+        torch._foreach_lerp_(pairs[0], pairs[1], 1.0 - decay)
         self._ema_count = n + 1
         self.ema_updates.add_(1)
 

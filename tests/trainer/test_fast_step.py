@@ -208,8 +208,9 @@ def test_diverged_is_raised_before_anything_changes() -> None:
     for i in range(3):
         fast.step(i)
     before = everything(model, optimizer)
-    tensors.x1[5, 1] = float("nan")  # every batch of 32 from 300 rows may miss it: poison all rows
-    tensors.x1[:, 0] = float("nan")
+    # Poison every row's target where the step gathers it (a batch of 32 from 300 rows may miss a single
+    # bad row).
+    fast._x1[:, 0] = float("nan")
     with pytest.raises(Diverged, match="iteration 77"):
         fast.step(77)
     assert_same(before, everything(model, optimizer), exact=True)
@@ -321,3 +322,27 @@ def test_a_resume_that_loads_state_dicts_is_picked_up_by_the_next_step() -> None
     for i in range(8, 16):
         fast.step(i)
     assert_same(expected, everything(resumed, optimizer), exact=True)
+
+
+def test_weights_replaced_while_the_optimiser_state_stays_keeps_the_moments_and_the_ema() -> None:
+    # The parameters get new storage (same Parameter objects, e.g. a tool that moves tensors) while the
+    # optimiser state and the EMA copies are still the step's own views: re-adopting must read those
+    # before it rewrites the flat buffers, or the moments would restart from zero.
+    base, data = engine_model()
+    time = TimeDistribution.uniform()
+    straight = copy.deepcopy(base)
+    _, opt, _ = fast_run(straight, data, 12, 4, time, 0.0, exact=True)
+    expected = everything(straight, opt)
+
+    model = copy.deepcopy(base)
+    generator = torch.Generator().manual_seed(4)
+    optimizer = make_optimizer(model, 3e-3, 1e-3)
+    fast = FastStep.build(model, optimizer, model.tensor_data(data), BATCH, generator, time, 0.0, exact=True)
+    assert fast is not None and fast.flat_ema is not None  # the EMA is flat here
+    for i in range(6):
+        fast.step(i)
+    for p in model.denoiser.parameters():
+        p.data = p.data.clone()  # same values, new storage
+    for i in range(6, 12):
+        fast.step(i)
+    assert_same(expected, everything(model, optimizer), exact=True)
