@@ -94,14 +94,22 @@ def fast_run(
     *,
     exact: bool,
 ) -> tuple[list[float], torch.optim.Optimizer, torch.Generator]:
+    fast, optimizer, generator = build_fast(model, data, seed, time, noise, exact=exact)
+    losses = [fast.step(i).loss for i in range(steps)]
+    return losses, optimizer, generator
+
+
+def build_fast(
+    model: FlowModel, data: TrainingData, seed: int, time: TimeDistribution, noise: float, *, exact: bool
+) -> tuple[FastStep, torch.optim.Optimizer, torch.Generator]:
+    """A fused step on ``model`` with the tests' optimiser settings and a generator seeded ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer(model, 3e-3, 1e-3)
     fast = FastStep.build(
         model, optimizer, model.tensor_data(data), BATCH, generator, time, noise, exact=exact
     )
     assert fast is not None
-    losses = [fast.step(i).loss for i in range(steps)]
-    return losses, optimizer, generator
+    return fast, optimizer, generator
 
 
 @pytest.mark.parametrize("activation", ["ELU", "ReLU", "TanH"])
@@ -290,31 +298,28 @@ def test_build_checks_the_batch_size() -> None:
         FastStep.build(model, optimizer, tensors, 0, torch.Generator(), TimeDistribution.uniform(), 0.0)
 
 
+def undisturbed(base: FlowModel, data: TrainingData, steps: int, seed: int) -> dict[str, torch.Tensor]:
+    """Everything after ``steps`` exact fused steps on a copy of ``base`` (t uniform, no noise)."""
+    model = copy.deepcopy(base)
+    _, optimizer, _ = fast_run(model, data, steps, seed, TimeDistribution.uniform(), 0.0, exact=True)
+    return everything(model, optimizer)
+
+
 def test_a_resume_that_loads_state_dicts_is_picked_up_by_the_next_step() -> None:
     # optimizer.load_state_dict installs new state tensors and model.load_state_dict copies weights in:
     # the fused step notices and re-adopts them, so resuming from a checkpoint continues exactly.
     base, data = engine_model()
     time = TimeDistribution.uniform()
-    straight = copy.deepcopy(base)
-    _, opt, _ = fast_run(straight, data, 16, 12, time, 0.0, exact=True)
-    expected = everything(straight, opt)
+    expected = undisturbed(base, data, 16, 12)
 
     first = copy.deepcopy(base)
-    generator = torch.Generator().manual_seed(12)
-    optimizer = make_optimizer(first, 3e-3, 1e-3)
-    fast = FastStep.build(first, optimizer, first.tensor_data(data), BATCH, generator, time, 0.0, exact=True)
-    assert fast is not None
+    fast, optimizer, generator = build_fast(first, data, 12, time, 0.0, exact=True)
     for i in range(8):
         fast.step(i)
     saved = (copy.deepcopy(first.state_dict()), copy.deepcopy(optimizer.state_dict()), generator.get_state())
 
     resumed = copy.deepcopy(base)
-    generator = torch.Generator().manual_seed(99)
-    optimizer = make_optimizer(resumed, 3e-3, 1e-3)
-    fast = FastStep.build(
-        resumed, optimizer, resumed.tensor_data(data), BATCH, generator, time, 0.0, exact=True
-    )
-    assert fast is not None
+    fast, optimizer, generator = build_fast(resumed, data, 99, time, 0.0, exact=True)
     fast.step(0)  # some unrelated progress that the resume overwrites
     resumed.load_state_dict(saved[0])
     optimizer.load_state_dict(saved[1])
@@ -330,15 +335,11 @@ def test_weights_replaced_while_the_optimiser_state_stays_keeps_the_moments_and_
     # before it rewrites the flat buffers, or the moments would restart from zero.
     base, data = engine_model()
     time = TimeDistribution.uniform()
-    straight = copy.deepcopy(base)
-    _, opt, _ = fast_run(straight, data, 12, 4, time, 0.0, exact=True)
-    expected = everything(straight, opt)
+    expected = undisturbed(base, data, 12, 4)
 
     model = copy.deepcopy(base)
-    generator = torch.Generator().manual_seed(4)
-    optimizer = make_optimizer(model, 3e-3, 1e-3)
-    fast = FastStep.build(model, optimizer, model.tensor_data(data), BATCH, generator, time, 0.0, exact=True)
-    assert fast is not None and fast.flat_ema is not None  # the EMA is flat here
+    fast, optimizer, _ = build_fast(model, data, 4, time, 0.0, exact=True)
+    assert fast.flat_ema is not None  # the EMA is flat here
     for i in range(6):
         fast.step(i)
     for p in model.denoiser.parameters():
