@@ -18,8 +18,8 @@ What stays outside, on purpose:
 
 The compiled function (:func:`make_flat_step`) takes the flat parameter buffer and returns the flat
 gradient and both metrics: one tensor in and two out instead of lists, so the per-call guards and the
-wrapper stay small (a list-based version measured 1.00× of the eager step; this one 1.05× on the
-default network, ``la-trainer bench``).
+wrapper stay small. Measured (``la-trainer bench``, ``benchmarks/results/bench.txt``): 0.93× / 1.06× /
+0.97× of the eager fused step for the default / wide / chunk8 networks, within this VM's noise.
 
 The function is specialised to one network layout, batch size and dtype (``dynamic=False``): nothing
 changes shape during a run, so it compiles once. Compiling needs a C++ compiler (CPU) or Triton (CUDA)
@@ -75,10 +75,11 @@ def compile_unavailable(device: torch.device) -> str | None:
 def compile_wanted(setting: str, device: torch.device) -> tuple[bool, str]:
     """(compile?, why) for the ``compile`` option, ``"on"`` or ``"off"``.
 
-    Off by default: on this project's 2-core CPU machine the compiled step measured the same speed as the
-    eager fused step (``la-trainer bench``, row "ours, compiled"): what remains of a default step there is
-    the eight small matmuls, not the element-wise kernels compilation fuses. It is kept as an option for
-    machines where kernel launches dominate (CUDA), where the bench reports it too."""
+    Off by default: on this project's 2-core CPU machine the compiled step measured within noise of the
+    eager fused step (``la-trainer bench``, row "ours, torch.compile-d": 0.93× to 1.06×): what remains of a
+    default step there is the eight small matmuls and per-call overhead, not the element-wise kernels
+    compilation fuses. It is kept as an option for machines where kernel launches dominate (CUDA), where
+    the bench reports it too."""
     mode = setting.strip().lower()
     if mode not in ("on", "off"):
         raise ValueError(f"must be 'on' or 'off', got {setting!r}")
