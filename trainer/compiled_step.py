@@ -218,31 +218,16 @@ def make_flat_step(activations: Sequence[str], obs_noise_scale: float, layout: F
         t: Tensor,
         noise: Tensor | None,
         flat_params: Tensor,
-        x_mean: Tensor,
-        x_std: Tensor,
-        v_mean: Tensor,
-        v_std: Tensor,
-        out_mean: Tensor | None,
-        out_std: Tensor | None,
+        *statistics: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
+        # statistics: x_mean, x_std, v_mean, v_std, out_mean, out_std, as make_loss_and_grads takes them.
         params = [
             flat_params[offset:end].view(shape) for (offset, shape), end in zip(blocks, ends, strict=True)
         ]
+        weights = [params[w] for w, _ in layers]
+        biases = [params[b] for _, b in layers]
         loss, grad_w, grad_b = loss_and_grads(
-            latents,
-            x1_all,
-            idx,
-            x0,
-            t,
-            noise,
-            [params[w] for w, _ in layers],
-            [params[b] for _, b in layers],
-            x_mean,
-            x_std,
-            v_mean,
-            v_std,
-            out_mean,
-            out_std,
+            latents, x1_all, idx, x0, t, noise, weights, biases, *statistics
         )
         grads: list[Tensor] = [flat_params] * len(blocks)
         for k, (w, b) in enumerate(layers):
