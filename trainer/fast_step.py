@@ -395,7 +395,8 @@ class FastStep:
             }
             for p in self._params
         ]
-        ema_values = None if self._ema_params is None else [e.detach().clone() for e in self._ema_params]
+        ema_params = self._ema_params or []  # empty unless the EMA is flat (then flat_ema exists)
+        ema_values = [e.detach().clone() for e in ema_params]
         self.flat_exp_avg.zero_()
         self.flat_exp_avg_sq.zero_()
         self.flat_max_exp_avg_sq.zero_()
@@ -419,11 +420,11 @@ class FastStep:
             if amsgrad:
                 new_state["max_exp_avg_sq"] = flat.view(self.flat_max_exp_avg_sq, i)
             optimizer.state[p] = new_state
-        if self._ema_params is not None and ema_values is not None and self.flat_ema is not None:
-            for i, (e, value) in enumerate(zip(self._ema_params, ema_values, strict=True)):
-                view = flat.view(self.flat_ema, i)
-                view.copy_(value)
-                e.data = view
+        for i, (e, value) in enumerate(zip(ema_params, ema_values, strict=True)):
+            assert self.flat_ema is not None
+            view = flat.view(self.flat_ema, i)
+            view.copy_(value)
+            e.data = view
         self._step_count = int(self.steps[0].item()) if self._params else 0
         self._owned = (self._params[0].data_ptr(), optimizer.state[self._params[0]]["exp_avg"])
         self._ema_owned = None if self._ema_params is None else self._ema_params[0].data_ptr()

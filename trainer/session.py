@@ -17,7 +17,6 @@ shared memory by the controls region and (spawned mode) the parent process, sock
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import threading
@@ -27,8 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol, TypeVar
-
-import numpy as np
 
 from protocol.config import (
     SessionConfig,
@@ -139,18 +136,6 @@ def parent_watch() -> Callable[[], bool]:
     """
     initial = os.getppid()
     return lambda: os.getppid() == initial
-
-
-def _copy_replay(rb: ReplayBuffer) -> ReplayBuffer:
-    """The same buffer with every array copied into memory this process owns (one copy, C order)."""
-    changes: dict[str, object] = {}
-    for field in dataclasses.fields(rb):
-        value = getattr(rb, field.name)
-        if isinstance(value, np.ndarray):
-            changes[field.name] = np.array(value, copy=True, order="C")
-        elif isinstance(value, tuple):
-            changes[field.name] = tuple(np.array(a, copy=True, order="C") for a in value)
-    return dataclasses.replace(rb, **changes)  # type: ignore[arg-type]
 
 
 def _read_config_file(path: Path) -> bytes:
@@ -293,7 +278,7 @@ class ShmTrainerLink:
     def _prepare_staging(self) -> None:
         # Every wait after the config (networks, experience) spends its idle polls faulting in the
         # replay buffer's destination, so the copy-out runs at memory speed (staging.py).
-        if self._staging is not None and not self._staging.done:
+        if self._staging is not None:
             self._staging.advance()
 
     def _new_staging(self) -> None:
@@ -404,13 +389,12 @@ class ShmTrainerLink:
                 actual=info.replay_buffer_id,
             )
         views = self._replay_views[info.replay_buffer_id]
-        shared = layout.read_regions(views, info.episode_num, info.step_num, info.replay_buffer_id)
+        # Ids, counts and region sizes checked before anything is copied (zero-copy views, dropped here).
+        layout.read_regions(views, info.episode_num, info.step_num, info.replay_buffer_id)
         staging, self._staging = self._staging, None
-        if staging is not None and staging.layout.replay_buffer_id == info.replay_buffer_id:
-            copied = staging.copy_out(info.episode_num, info.step_num, info.replay_buffer_id)
-        else:
-            copied = _copy_replay(shared)
-        del shared, staging  # drop the views into shared memory before the engine may reuse the regions
+        if staging is None or staging.layout.replay_buffer_id != info.replay_buffer_id:
+            staging = ReplayStaging(layout, views)  # nothing pre-faulted: the copy faults as it goes
+        copied = staging.copy_out(info.episode_num, info.step_num, info.replay_buffer_id)
         self._controls.ack_experience()
         return copied
 

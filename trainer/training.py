@@ -280,7 +280,10 @@ class TrainingJob:
             elif self._fast.compiling:
                 log("la-trainer: compiling the training step with torch.compile (once per run; seconds)")
             elif self.options.compile.strip().lower() == "on":
-                log(f"la-trainer: warning: training step not compiled ({why})")
+                # Wanted and available, yet not compiling: the compiled function gathers precomputed
+                # latents, which this buffer is too large for (fast_step.PRECOMPUTE_LIMIT_BYTES).
+                reason = why if not compiled else "the replay buffer's latents are too large to precompute"
+                log(f"la-trainer: warning: training step not compiled ({reason})")
         return self._fast
 
     def _distill_step(self, iteration: int) -> float:

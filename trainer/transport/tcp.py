@@ -35,9 +35,10 @@ _CONNECT_RETRY = 0.001
 """Seconds between connection attempts; the engine retries about every 1 ms (spec §1.3)."""
 
 _MAX_SENDMSG_PARTS = 512
+"""Parts per sendmsg call; well under every platform's IOV_MAX (1024 on Linux and macOS)."""
+
 _HAVE_READV = hasattr(os, "readv")
 """POSIX: a receive without the poll that a timeout-mode socket's ``recv_into`` makes first."""
-"""Parts per sendmsg call; well under every platform's IOV_MAX (1024 on Linux and macOS)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -122,8 +123,12 @@ class TcpConnection:
             raise ValueError("recv_into needs a non-empty buffer")
         if not self.poll_readable(timeout):
             raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what} from {self.peer}")
+        return self._received(lambda: self.sock.recv_into(view), what)
+
+    def _received(self, receive: Callable[[], int], what: str) -> int:
+        """``receive()``'s byte count; a reset or an EOF (0 bytes) becomes :class:`PeerGone`."""
         try:
-            n = self.sock.recv_into(view)
+            n = receive()
         except (ConnectionResetError, ConnectionAbortedError) as error:
             raise PeerGone(f"{self.peer} reset the connection while we were waiting for {what}") from error
         if n == 0:
@@ -143,14 +148,9 @@ class TcpConnection:
         if not _HAVE_READV or len(view) == 0:
             return 0
         try:
-            n = os.readv(self.sock.fileno(), [view])
+            return self._received(lambda: os.readv(self.sock.fileno(), [view]), what)
         except (BlockingIOError, InterruptedError):
             return 0
-        except (ConnectionResetError, ConnectionAbortedError) as error:
-            raise PeerGone(f"{self.peer} reset the connection while we were waiting for {what}") from error
-        if n == 0:
-            raise PeerGone(f"{self.peer} closed the connection while we were waiting for {what}")
-        return n
 
     def recv_exactly_into(self, view: memoryview | bytearray, timeout: float, *, what: str = "data") -> None:
         """Fill all of ``view``, looping over partial receives; ``timeout`` bounds the whole call."""
