@@ -1,18 +1,18 @@
 """Few-step distillation benchmark: quality at N = 1, 2, 4, 8 Euler steps with and without distillation.
 
 For each task (B1 bimodal, B2 avoid; ``shared/benchmarks.md``) and seed this script trains the networks
-the engine would send with the trainer's own :class:`trainer.training.TrainingJob` (same code as the
+the engine would send with the trainer's own :class:`trainer.job.TrainingJob` (same code as the
 trainer process, stepped in this process so that one flow-matching run can be shared):
 
 * the **plain** model: ``IterationNum`` flow-matching iterations (``ode_steps`` 0);
 * one **distilled** model per N: the very same run forked at its phase boundary (the boundary depends on
-  N through the cost model of :mod:`trainer.distill`) and continued with ``ode_steps = N``. Up to the
+  N through the cost model of :mod:`trainer.steps.distill`) and continued with ``ode_steps = N``. Up to the
   boundary the two runs are the same iterations from the same seed, so each fork is bit for bit what
   ``LA_TRAINER_ODE_STEPS=N`` gives the trainer process;
 * optionally the same-network MSE regression baseline (:mod:`benchmarks.mse_baseline`).
 
 Every model is exported (:meth:`TrainingJob.export`, the bytes the engine receives: folded snapshots
-read back), and scored through the engine's inference path (:class:`trainer.emulator.inference.EnginePolicy`:
+read back), and scored through the engine's inference path (:class:`emulator.inference.EnginePolicy`:
 encoder → N Euler steps of the denoiser from N(0, I) → decoder, float32 numpy) with fixed evaluation
 seeds. Training time is wall-clock of the optimisation iterations only (setup and evaluation excluded).
 
@@ -39,13 +39,13 @@ import numpy as np
 import torch
 
 from benchmarks.mse_baseline import MsePolicy, MseSettings, train_mse_policy
+from emulator.inference import EnginePolicy
+from emulator.session import EngineTask, SessionSettings, build_session_config
+from emulator.tasks import Demonstrations, Policy, avoid, bimodal, task_rng
 from protocol.snapshot import read_snapshot, snapshot_with_model, write_snapshot
-from trainer.distill import DistillSettings, distill_iterations
-from trainer.emulator.inference import EnginePolicy
-from trainer.emulator.session import EngineTask, SessionSettings, build_session_config
-from trainer.emulator.tasks import Demonstrations, Policy, avoid, bimodal, task_rng
+from trainer.job import TrainingJob
 from trainer.options import TrainerOptions
-from trainer.training import TrainingJob
+from trainer.steps.distill import DistillSettings, distill_iterations
 
 __all__ = ["TASKS", "Row", "TaskSetup", "format_tables", "main", "run_seed"]
 

@@ -1,11 +1,11 @@
 """Distillation variants from one teacher: what moves few-step quality (docs/distillation.md).
 
-One flow-matching run of ``--iterations`` (the trainer's own :class:`trainer.training.TrainingJob`, seeded)
+One flow-matching run of ``--iterations`` (the trainer's own :class:`trainer.job.TrainingJob`, seeded)
 is forked at ``iterations − n`` for each variant's distillation length ``n``; each fork distils for
 ``--ode-steps`` N to the end with the variant's settings and is scored through the engine's inference
 path at N (:func:`benchmarks.distill.evaluate`). Variants:
 
-* ``iters=<n>``: plain distillation for ``n`` iterations (:class:`trainer.distill.DistillSettings` defaults);
+* ``iters=<n>``: plain distillation for ``n`` iterations (:class:`trainer.steps.distill.DistillSettings` defaults);
 * ``cosine``: a cosine learning-rate decay to 0 over the phase;
 * ``huber=<c>``: the pseudo-Huber loss with constant ``c``;
 * ``teacher=<s>``: ``s`` teacher midpoint steps over [0, 1] (default 8).
@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from benchmarks.distill import TASKS, _run, evaluate, make_job
-from trainer.distill import Distiller, DistillSettings
 from trainer.options import TrainerOptions
+from trainer.steps.distill import Distiller, DistillSettings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The same-network MSE regression baseline of the quality benchmark (``shared/benchmarks.md``).
 
 What it is: the denoiser's MLP (``HiddenLayerNum + 2`` Linear layers of width ``HiddenLayerSize`` with the
-activation between them, engine KaimingUniform init from :mod:`trainer.emulator.networks`) trained in
+activation between them, engine KaimingUniform init from :mod:`protocol.engine.networks`) trained in
 this process as a plain regressor ``observation -> action chunk`` with a mean-squared-error loss.
 
 What it shares with the flow-matching trainer, so that the comparison isolates the objective:
@@ -31,11 +31,11 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from emulator.tasks import Demonstrations
+from protocol.engine.networks import DENOISER_SEED_SALT, mlp, network_rng
 from protocol.nne.layers import Denormalize, Layer, Linear, Sequence
 from protocol.nne.reference import evaluate
 from trainer.data import build_action_chunks
-from trainer.emulator.networks import DENOISER_SEED_SALT, mlp, network_rng
-from trainer.emulator.tasks import Demonstrations
 
 __all__ = ["MIN_STD", "MsePolicy", "MseResult", "MseSettings", "train_mse_policy"]
 

@@ -1,4 +1,4 @@
-"""``python benchmarks/perf.py [OPTIONS]``: the same run as ``la-trainer bench`` (see :mod:`trainer.bench`).
+"""``python benchmarks/perf.py [OPTIONS]``: the same run as ``la-trainer bench`` (see :mod:`emulator.bench`).
 
 A thin wrapper so the benchmark runs from a checkout without installing the package.
 """
@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))  # a checkout that is not installed
-    from trainer.bench import bench_command
+    from emulator.bench import bench_command
 
     bench_command(prog_name="python benchmarks/perf.py")
 

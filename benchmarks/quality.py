@@ -6,7 +6,7 @@ row of the plan, this script
 
 1. builds the task's demonstrations and the three initial networks as the engine does, spawns
    ``scripts/train.py`` with the engine's argv and drives it over shared memory with the game-side
-   emulator (:func:`trainer.emulator.session.run_engine_session`, mode ``shm``);
+   emulator (:func:`emulator.session.run_engine_session`, mode ``shm``);
 2. takes the snapshots the trainer sends back (one sync round every ``--curve-every`` iterations and the
    final one) and evaluates them through the engine's inference path (:class:`EnginePolicy`: encoder ->
    ``ODEStepsNum`` explicit Euler steps of the denoiser from N(0, I) -> decoder, numpy reference evaluator)
@@ -49,15 +49,15 @@ if str(REPO_ROOT) not in sys.path:  # runnable as a plain script from a checkout
     sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.mse_baseline import MsePolicy, MseSettings, train_mse_policy  # noqa: E402
-from protocol.config import FlowMatchingTrainingSettings  # noqa: E402
-from trainer.emulator.inference import EnginePolicy  # noqa: E402
-from trainer.emulator.session import (  # noqa: E402
+from emulator.inference import EnginePolicy  # noqa: E402
+from emulator.session import (  # noqa: E402
     EngineTask,
     SessionRecord,
     SessionSettings,
     run_engine_session,
 )
-from trainer.emulator.tasks import Demonstrations, avoid, bimodal, pendulum  # noqa: E402
+from emulator.tasks import Demonstrations, avoid, bimodal, pendulum  # noqa: E402
+from protocol.config import FlowMatchingTrainingSettings  # noqa: E402
 from trainer.options import TrainerOptions  # noqa: E402
 
 __all__ = [
@@ -81,7 +81,7 @@ __all__ = [
 FloatArray = npt.NDArray[np.float32]
 
 TASKS: Mapping[str, str] = {"b1": "bimodal", "b2": "avoid", "b3": "pendulum"}
-"""Benchmark key -> task module name in :mod:`trainer.emulator.tasks`."""
+"""Benchmark key -> task module name in :mod:`emulator.tasks`."""
 TASK_TITLES: Mapping[str, str] = {
     "b1": "B1 conditional bimodal (open loop)",
     "b2": "B2 six-path avoid (closed loop)",

@@ -1,7 +1,7 @@
 """Scale-out benchmark: training samples/s of 1 process versus N data-parallel processes, and the
 all-reduce cost per iteration (``python benchmarks/scaling.py [--procs 2] [--configs default,large]``).
 
-What runs: the real :class:`~trainer.training.TrainingJob` on a synthetic recording (observations 32,
+What runs: the real :class:`~trainer.job.TrainingJob` on a synthetic recording (observations 32,
 actions 8, 4096 steps), one intra-op thread per process. N = 1 is the ordinary trainer (no process group);
 N ≥ 2 is ``torchrun --standalone --nproc-per-node N`` of this file with ``--worker``, each rank made a
 :class:`~trainer.distributed.DistributedTrainingJob` by :func:`~trainer.distributed.scale_out_job`
@@ -38,16 +38,16 @@ if str(REPO_ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from protocol.snapshot import read_snapshot  # noqa: E402
-from trainer.distributed import DEFAULT_AGREE_EVERY  # noqa: E402
-from trainer.emulator.session import EngineTask, SessionSettings, build_session_config  # noqa: E402
-from trainer.emulator.tasks import (  # noqa: E402
+from emulator.session import EngineTask, SessionSettings, build_session_config  # noqa: E402
+from emulator.tasks import (  # noqa: E402
     Demonstrations,
     continuous_action_schema,
     continuous_observation_schema,
 )
+from protocol.snapshot import read_snapshot  # noqa: E402
+from trainer.distributed import DEFAULT_AGREE_EVERY  # noqa: E402
+from trainer.job import TrainingJob  # noqa: E402
 from trainer.options import TrainerOptions  # noqa: E402
-from trainer.training import TrainingJob  # noqa: E402
 
 __all__ = ["CONFIGS", "BenchConfig", "main", "plan_rows"]
 

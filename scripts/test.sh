@@ -7,7 +7,7 @@ cd "$ROOT"
 echo "== ruff"
 ruff check .
 echo "== mypy (strict on protocol/)"
-mypy protocol trainer scripts
+mypy protocol trainer emulator benchmarks scripts
 echo "== hadolint (Dockerfile)"
 if command -v hadolint >/dev/null 2>&1; then hadolint Dockerfile; else echo "hadolint not available on this platform: skipped"; fi
 echo "== pytest"

@@ -24,7 +24,7 @@ from protocol.errors import ArgvError, ProtocolError
 from trainer.errors import LaunchError, PeerGone, TrainerError, exit_code_for
 from trainer.exitcodes import ExitCode
 from trainer.options import TrainerOptions, load_options
-from trainer.settings import Timeouts
+from trainer.timeouts import Timeouts
 
 __all__ = ["InterruptFlag", "engine_main", "open_link_for_launch", "run_with_link"]
 
@@ -146,7 +146,7 @@ def run_with_link(
 ) -> int:
     """Opens the link, runs the training story, always closes the link; returns the exit code.
 
-    ``training(link, flag)`` replaces the default story (:func:`trainer.loop.run_training` with this
+    ``training(link, flag)`` replaces the default story (:func:`trainer.run.run_training` with this
     ``options``/``task_dir``); :mod:`trainer.distributed` passes one that adds the rank hooks.
     """
     flag = InterruptFlag()
@@ -157,10 +157,10 @@ def run_with_link(
             # ping while torch loads: the engine posts its config and starts its 10 s wait at once
             # (spec §2.4), and importing torch can take longer than that on a loaded machine.
             link = open_link(flag)
-            from trainer.session import KeepAlive
+            from trainer.links import KeepAlive
 
             with KeepAlive(link, 1.0):  # type: ignore[arg-type]
-                from trainer.loop import run_training
+                from trainer.run import run_training
             if training is not None:
                 return int(training(link, flag))
             result = run_training(link, options=options, task_dir=task_dir, interrupt=flag)  # type: ignore[arg-type]
@@ -205,7 +205,7 @@ def open_link_for_launch(
     """
     mode = args.mode
     if isinstance(mode, SharedMemoryArgs):
-        from trainer.session import ShmTrainerLink
+        from trainer.links import ShmTrainerLink
 
         if not mode.controls_guid:
             raise LaunchError(
@@ -228,7 +228,7 @@ def open_link_for_launch(
             interrupted=interrupt.is_set if interrupt is not None else None,
         )
     if isinstance(mode, SocketArgs):
-        from trainer.session import SocketTrainerLink, parent_watch
+        from trainer.links import SocketTrainerLink, parent_watch
 
         return SocketTrainerLink(
             host=mode.host,

@@ -99,12 +99,12 @@ class _LazyGroup(click.Group):
 
     lazy: ClassVar[dict[str, tuple[str, str, str]]] = {
         "bench": (
-            "trainer.bench",
+            "emulator.bench",
             "bench_command",
             "Measure training speed, replay ingest, startup and sync against their limits.",
         ),
         "demo": (
-            "trainer.demo",
+            "emulator.demo",
             "demo_command",
             "The whole loop on the built-in game emulator, with a report.",
         ),
@@ -188,7 +188,7 @@ def shm_command(
     from protocol.guid import parse_guid
     from trainer.app import open_link_for_launch, run_with_link
     from trainer.options import load_options
-    from trainer.settings import Timeouts
+    from trainer.timeouts import Timeouts
 
     overrides = _overrides(kwargs)
     if guid is None:
@@ -251,7 +251,7 @@ def socket_command(host: str, port: int, temp_dir: Path, **kwargs: Any) -> None:
     from protocol.argv import LaunchArgs, SocketArgs
     from trainer.app import open_link_for_launch, run_with_link
     from trainer.options import load_options
-    from trainer.settings import Timeouts
+    from trainer.timeouts import Timeouts
 
     overrides = _overrides(kwargs)
     temp_dir.mkdir(parents=True, exist_ok=True)
@@ -291,8 +291,8 @@ def offline_command(materials: Path, **kwargs: Any) -> None:
       la-trainer offline MyProject/Intermediate/LearningCore/TrainingMaterials
     """
     from trainer.app import run_with_link
+    from trainer.links import FileTrainerLink
     from trainer.options import load_options
-    from trainer.session import FileTrainerLink
     from trainer.transport.files import find_training_materials
 
     overrides = _overrides(kwargs)

@@ -4,7 +4,7 @@ Launch: ``torchrun --nproc-per-node N [--nnodes M ...] -m trainer.distributed <e
 every mode: ``docs/scale-out.md``). ``python -m trainer.distributed`` outside torchrun is the ordinary
 trainer, or, with ``LA_TRAINER_NPROC_PER_NODE=N``, re-executes itself under torchrun (engine-spawned mode).
 
-Roles. Rank 0 alone talks to the game (shared memory or socket): it runs :func:`trainer.loop.run_training`
+Roles. Rank 0 alone talks to the game (shared memory or socket): it runs :func:`trainer.run.run_training`
 over the real link, wrapped in :class:`Rank0Link`, which broadcasts what arrives — our options, the
 config, the three snapshots, the replay buffer — to the other ranks as uint8 tensors holding the
 protocol's own encodings (JSON, snapshot bytes, the socket replay layout; never pickle). Ranks ≥ 1 run the
@@ -18,8 +18,8 @@ Equivalence (what is guaranteed). World size 1 runs the ordinary code path uncha
 With N ranks the global batch stays the config's ``BatchSize`` (it must divide by N) and every rank
 trains on B / N rows of it. Gradients are averaged: by DDP for the autograd step (a trained encoder,
 distillation, layers the fused step does not cover), by one all-reduce of the flat gradient buffer for
-:class:`trainer.fast_step.FastStep` (the engine's MLP with a frozen encoder), see
-:class:`AveragedFastStep`. The average of the per-rank mean-loss gradients is the gradient of the mean
+:class:`trainer.steps.fused.FusedStep` (the engine's MLP with a frozen encoder), see
+:class:`AveragedFusedStep`. The average of the per-rank mean-loss gradients is the gradient of the mean
 loss over the concatenated batch, so given the same rows and noise one N-rank update equals the
 1-process update on the whole batch up to float32 summation order (tested on the DDP path: max
 |Δparameter| ≤ 1e-6 after three AdamW steps, measured 1.5e-8). Rows: the autograd path takes rank r's
@@ -83,15 +83,15 @@ from trainer.app import InterruptFlag, engine_main, run_with_link
 from trainer.data import Batch, TensorData
 from trainer.errors import Diverged, LaunchError, PeerGone, TrainerError, exit_code_for
 from trainer.exitcodes import ExitCode
-from trainer.fast_step import FastStep, fast_step_unsupported
+from trainer.job import TrainingJob
 from trainer.options import TrainerOptions, load_options
 from trainer.progress import log
-from trainer.settings import Timeouts
-from trainer.step import BatchSampler
-from trainer.training import TrainingJob
+from trainer.steps.autograd import BatchSampler
+from trainer.steps.fused import FusedStep, fused_step_unsupported
+from trainer.timeouts import Timeouts
 
 __all__ = [
-    "AveragedFastStep",
+    "AveragedFusedStep",
     "BroadcastLink",
     "DistEnv",
     "DistributedTrainingJob",
@@ -154,7 +154,7 @@ CHUNK_BYTES = 64 * 1024 * 1024
 """Payloads travel in broadcasts of at most this many bytes (bounds the staging copy and gloo's buffers)."""
 MAX_OPTIONS_BYTES = 1 << 20
 MAX_CONFIG_BYTES = 256 * 1024 * 1024
-"""As ``trainer.session.CONFIG_FILE_LIMIT``: real configs are kilobytes."""
+"""As ``trainer.links.CONFIG_FILE_LIMIT``: real configs are kilobytes."""
 MAX_STATE_BYTES = 64 * 1024 * 1024
 """JSON skeleton of the start state (tensor names, shapes); the tensors follow as their own broadcasts."""
 
@@ -656,8 +656,8 @@ class _GradientCarrier(nn.Module):
         return x
 
 
-class AveragedFastStep(FastStep):
-    """:class:`trainer.fast_step.FastStep` with its gradient averaged across the ranks: one all-reduce of
+class AveragedFusedStep(FusedStep):
+    """:class:`trainer.steps.fused.FusedStep` with its gradient averaged across the ranks: one all-reduce of
     its flat gradient buffer between its hand-written backward and its AdamW.
 
     The fused step has no autograd graph for DDP to hook into; its gradients already live in one
@@ -688,20 +688,20 @@ class DistributedTrainingJob(TrainingJob):
     arm_input: Tensor | None = None
     # The fused step, as TrainingJob holds it where it runs one (declared here too, so that this class
     # also works with a TrainingJob that does not).
-    _fast: FastStep | None = field(default=None, init=False, repr=False)
+    _fast: FusedStep | None = field(default=None, init=False, repr=False)
     _fast_checked: bool = field(default=False, init=False, repr=False)
 
-    def _fast_step(self) -> FastStep | None:
-        """As ``TrainingJob._fast_step``, with the per-rank batch and the gradient all-reduce.
+    def _fused_step(self) -> FusedStep | None:
+        """As ``TrainingJob._fused_step``, with the per-rank batch and the gradient all-reduce.
 
-        [INF] This overrides a private method of :class:`TrainingJob` (and :class:`AveragedFastStep` one of
-        ``FastStep``): the fused step draws its own batch and has no autograd graph, so the batch size
+        [INF] This overrides a private method of :class:`TrainingJob` (and :class:`AveragedFusedStep` one of
+        ``FusedStep``): the fused step draws its own batch and has no autograd graph, so the batch size
         and the gradient average must be set where it is built. A public hook there would be cleaner."""
         if not self._fast_checked:
             self._fast_checked = True
             ctx = self._context()
             training = self.config.trainer.training
-            fast = AveragedFastStep.build(
+            fast = AveragedFusedStep.build(
                 self.model,
                 self.optimizer,
                 self.tensors,
@@ -710,11 +710,11 @@ class DistributedTrainingJob(TrainingJob):
                 self.time_distribution,
                 training.observation_noise_scale,
             )
-            if isinstance(fast, AveragedFastStep):
+            if isinstance(fast, AveragedFusedStep):
                 fast.world_size = ctx.env.world_size
             self._fast = fast
             if fast is None and ctx.env.leader:
-                reason = fast_step_unsupported(self.model, self.optimizer)
+                reason = fused_step_unsupported(self.model, self.optimizer)
                 log(f"la-trainer: note: using the autograd training step with DDP ({reason})")
         return self._fast
 
@@ -726,7 +726,7 @@ class DistributedTrainingJob(TrainingJob):
             return True
         if not _JOB_RUNS_FAST_STEP:
             return True  # this TrainingJob always runs the autograd step
-        return self._fast_step() is None
+        return self._fused_step() is None
 
     def _context(self) -> RankContext:
         if self.rank_context is None:
@@ -801,7 +801,7 @@ class DistributedTrainingJob(TrainingJob):
         return self.smoothed_loss
 
 
-_JOB_RUNS_FAST_STEP = hasattr(TrainingJob, "_fast_step")
+_JOB_RUNS_FAST_STEP = hasattr(TrainingJob, "_fused_step")
 """Whether TrainingJob.step runs the fused step when it can (the trainer being built in parallel)."""
 
 CHECKSUM_MODULUS = 1 << 20
@@ -1273,7 +1273,7 @@ def _training(
     """The story each rank runs inside :func:`trainer.app.run_with_link`."""
 
     def train(link: Any, flag: InterruptFlag) -> int:
-        from trainer.loop import run_training
+        from trainer.run import run_training
 
         ctx.local_interrupt = flag.is_set
         try:

@@ -47,7 +47,7 @@ class TrainerOptions:
     distill_fraction: float = 0.25
     """Share of IterationNum spent on distillation when ``ode_steps`` > 0."""
     compile: str = "off"
-    """torch.compile the fused training step: on | off (trainer/compiled_step.py). Needs a C++ compiler
+    """torch.compile the fused training step: on | off (trainer/steps/compiled.py). Needs a C++ compiler
     (CPU) or Triton (CUDA) and a few seconds to compile; measured no faster on a 2-core CPU."""
     threads: int = 0
     """torch intra-op threads (0: choose automatically, 1 for small networks)."""

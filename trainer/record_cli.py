@@ -94,13 +94,13 @@ def record_command(
     Example:
       la-trainer record Saved/Recordings/*.record --schema Saved/Recordings/schema.json --out runs/rec1
     """
+    from emulator.game import FileExport
+    from emulator.session import EngineTask, SessionSettings, build_session_config
     from protocol.errors import ProtocolError
     from protocol.record import Record, read_records, records_to_replay_buffer
     from trainer.app import run_with_link
-    from trainer.emulator.game import FileExport
-    from trainer.emulator.session import EngineTask, SessionSettings, build_session_config
+    from trainer.links import FileTrainerLink
     from trainer.options import load_options
-    from trainer.session import FileTrainerLink
 
     obs_schema, act_schema = _load_schemas(schema_path)
     all_records: list[Record] = []

@@ -15,7 +15,7 @@ Every case asserts the exit code category from ``trainer/exitcodes.py`` and that
 snapshots and checkpoints already written parse, no temp file is left, engine regions still exist.
 
 Timeouts: the subprocess trainer runs with ``LA_TRAINER_TIMEOUT_SCALE`` = :data:`TIMEOUT_SCALE`, so each
-wait of ``trainer.settings.Timeouts`` is a few seconds and "ends within 2x its timeout" is cheap to check.
+wait of ``trainer.timeouts.Timeouts`` is a few seconds and "ends within 2x its timeout" is cheap to check.
 Keep this module free of torch imports: :func:`game_child_main` imports it in a fresh interpreter.
 """
 
@@ -37,10 +37,10 @@ from typing import Any
 
 import pytest
 
+from emulator.launch import REPO_ROOT
+from emulator.session import EngineTask, SessionSettings
 from protocol.snapshot import read_snapshot
-from trainer.emulator.launch import REPO_ROOT
-from trainer.emulator.session import EngineTask, SessionSettings
-from trainer.settings import Timeouts
+from trainer.timeouts import Timeouts
 
 if not sys.platform.startswith("linux"):  # pragma: no cover - subreaper, /dev/shm and poll() are Linux
     collect_ignore_glob = ["test_*.py"]
@@ -184,7 +184,7 @@ def assert_snapshots_intact(folder: Path, sizes: Mapping[str, int]) -> list[Path
 
 
 def network_sizes(task: EngineTask, settings: SessionSettings = SETTINGS) -> dict[str, int]:
-    from trainer.emulator.session import NETWORK_NAMES, build_session_config
+    from emulator.session import NETWORK_NAMES, build_session_config
 
     _, blobs = build_session_config(task, settings, None)
     return {name: len(blob) for name, blob in zip(NETWORK_NAMES, blobs, strict=True)}
@@ -322,9 +322,9 @@ def _poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def game_child_main(spec_path: str) -> None:
     """The engine in its own process: spawn the trainer, play up to ``die_at``, SIGKILL itself."""
-    from trainer.emulator.game import ShmGame, SocketGame
-    from trainer.emulator.launch import EngineLayout, make_task_dir, shared_memory_command, socket_command
-    from trainer.emulator.session import build_session_config, free_tcp_port
+    from emulator.game import ShmGame, SocketGame
+    from emulator.launch import EngineLayout, make_task_dir, shared_memory_command, socket_command
+    from emulator.session import build_session_config, free_tcp_port
 
     raw = json.loads(Path(spec_path).read_text())
     spec = GameChildSpec(**raw)
@@ -459,8 +459,8 @@ def run_killed_game(
     Spawned modes (``shm``, ``socket``): the game spawns the trainer, which becomes an orphan of this
     process. ``attach``: this process starts the trainer with ``-c -d`` first, as a user would.
     """
+    from emulator.launch import EngineLayout, attach_command
     from protocol.guid import new_guid, os_shm_name
-    from trainer.emulator.launch import EngineLayout, attach_command
 
     pipe = OutputPipe() if hold_output and mode != "attach" else None
     info_path = work_dir / "game-info.json"
@@ -581,8 +581,8 @@ def _wait_stamping(proc: Any, timeout: float) -> tuple[int | None, list[tuple[fl
 
 
 def spawn_trainer(argv: list[str], cwd: Path, env: Mapping[str, str] | None = None) -> Any:
-    """A :class:`trainer.emulator.launch.TrainerProcess` (output captured, killed on close)."""
-    from trainer.emulator.launch import TrainerProcess
+    """A :class:`emulator.launch.TrainerProcess` (output captured, killed on close)."""
+    from emulator.launch import TrainerProcess
 
     return TrainerProcess(argv, cwd=cwd, env=dict(env) if env is not None else trainer_env())
 
@@ -692,9 +692,9 @@ class LiveGame:
         layout: Any = None,
         task: EngineTask | None = None,
     ) -> None:
-        from trainer.emulator.game import ShmGame, SocketGame
-        from trainer.emulator.launch import EngineLayout, make_task_dir, shared_memory_command, socket_command
-        from trainer.emulator.session import build_session_config, free_tcp_port
+        from emulator.game import ShmGame, SocketGame
+        from emulator.launch import EngineLayout, make_task_dir, shared_memory_command, socket_command
+        from emulator.session import build_session_config, free_tcp_port
 
         self.mode = mode
         self.settings = settings
@@ -741,7 +741,7 @@ class LiveGame:
 
     def play_until_end(self, timeout: float = 60.0) -> None:
         """Tick as the engine does until Completed (then DoneTraining), or fail after ``timeout``."""
-        from trainer.emulator.game import Completed
+        from emulator.game import Completed
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -820,9 +820,9 @@ def shm_in_process(
     """``script(game, config, blobs)`` plays the engine (an emulator ShmGame, controls created by this
     process) against ``run_with_link`` over a ShmTrainerLink in this thread. ``guid`` replaces the GUID the
     trainer is given; ``create`` makes it create the block (attach mode; the game then attaches)."""
-    from trainer.emulator.game import ShmGame
-    from trainer.emulator.session import build_session_config
-    from trainer.session import ShmTrainerLink
+    from emulator.game import ShmGame
+    from emulator.session import build_session_config
+    from trainer.links import ShmTrainerLink
 
     task = task or small_task()
     config, blobs = build_session_config(task, settings, str(tmp_path))
@@ -873,7 +873,7 @@ def send_all(game: Any, config: Any, blobs: tuple[bytes, ...], replay: Any = Non
 
 def play_rounds(game: Any, timeout: float = 90.0) -> list[Any]:
     """Tick until Completed; returns the rounds (the last item is the Completed marker)."""
-    from trainer.emulator.game import Completed
+    from emulator.game import Completed
 
     got: list[Any] = []
     deadline = time.monotonic() + timeout

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from emulator.game import Completed
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import HEADER_BYTES, read_snapshot
 from tests.faults.conftest import (
@@ -30,7 +31,6 @@ from tests.faults.conftest import (
     shm_in_process,
     small_task,
 )
-from trainer.emulator.game import Completed
 from trainer.exitcodes import ExitCode
 
 TASK = small_task()

@@ -23,6 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from emulator.launch import EngineLayout, shared_memory_command, socket_command
+from emulator.session import build_session_config
 from protocol.argv import parse_launch_argv
 from protocol.config import (
     ReplayBufferGuids,
@@ -65,8 +67,6 @@ from protocol.stream import (
     encode_stop,
 )
 from tests.faults.conftest import FUZZ_STATS, SETTINGS, small_task
-from trainer.emulator.launch import EngineLayout, shared_memory_command, socket_command
-from trainer.emulator.session import build_session_config
 
 FUZZ_EXAMPLES = int(os.environ.get("LA_TRAINER_FUZZ_EXAMPLES", "150") or "150")
 FUZZ = settings(

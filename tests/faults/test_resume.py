@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from emulator.game import Completed
 from tests.faults.conftest import TINY, in_process_options, play_rounds, send_all, shm_in_process
 from trainer.checkpoint import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME, load_checkpoint
-from trainer.emulator.game import Completed
 from trainer.exitcodes import ExitCode
 
 RESUME = in_process_options(resume=True)
@@ -100,10 +100,10 @@ def test_la_trainer_offline_resume_flag(tmp_path: Path) -> None:
     """The CLI's ``--resume`` (ML-Agents style) on an engine export: the second run continues the first."""
     from click.testing import CliRunner
 
+    from emulator.game import FileExport
+    from emulator.session import build_session_config
     from tests.faults.conftest import small_task
     from trainer.cli import main
-    from trainer.emulator.game import FileExport
-    from trainer.emulator.session import build_session_config
 
     config, blobs = build_session_config(small_task(), TINY, str(tmp_path))
     folder = FileExport(tmp_path).write(config, dict(enumerate(blobs)), small_task().replay_buffer)

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from emulator.launch import REPO_ROOT
 from protocol.errors import ProtocolError
 from protocol.snapshot import HEADER, SNAPSHOT_MAGIC, SNAPSHOT_VERSION, read_snapshot
 from protocol.stream import Signal, TrainerStreamDecoder
 from tests.faults.conftest import FAST
-from trainer.emulator.launch import REPO_ROOT
-from trainer.session import SocketTrainerLink
+from trainer.links import SocketTrainerLink
 from trainer.transport.tcp import TcpServer
 
 WARNING = "neither encrypted nor authenticated"

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from emulator.game import Completed
 from protocol.controls import CONTROL_BLOCK_BYTES, Control
 from protocol.guid import os_shm_name
 from tests.faults.conftest import (
@@ -28,7 +29,6 @@ from tests.faults.conftest import (
     shm_in_process,
     small_task,
 )
-from trainer.emulator.game import Completed
 from trainer.exitcodes import ExitCode
 from trainer.transport.shm import region_exists
 
@@ -90,7 +90,7 @@ def test_lower_case_spelling_of_the_engines_guid_is_another_region(
     def script(game: Any, config: Any, blobs: Any) -> None:
         holder.append(game.controls_guid)
 
-    from trainer.emulator.game import ShmGame
+    from emulator.game import ShmGame
 
     probe = ShmGame.create(tmp_path / "probe", timeout=1.0)
     try:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from emulator.game import Completed
 from tests.faults.conftest import (
     SETTINGS,
     LiveGame,
@@ -30,7 +31,6 @@ from tests.faults.conftest import (
     wait_for,
 )
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, load_latest
-from trainer.emulator.game import Completed
 from trainer.exitcodes import ExitCode
 from trainer.options import TrainerOptions
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from emulator.launch import EngineLayout, socket_command
+from emulator.session import build_session_config, free_tcp_port
 from protocol.config import socket_config_to_json
 from protocol.replay import ReplayLayout
 from protocol.stream import DEFAULT_MAX_CONFIG_BYTES, Signal, encode_config, encode_network_to_trainer
@@ -33,11 +35,9 @@ from tests.faults.conftest import (
     spawn_trainer,
     wait_for,
 )
-from trainer.emulator.launch import EngineLayout, socket_command
-from trainer.emulator.session import build_session_config, free_tcp_port
 from trainer.errors import PeerGone, WaitTimeout, exit_code_for
 from trainer.exitcodes import ExitCode
-from trainer.session import SocketTrainerLink
+from trainer.links import SocketTrainerLink
 
 TASK = small_task(size=4)
 SMALL = replace(SETTINGS, hidden_layer_size=4, iteration_num=30)
@@ -228,7 +228,7 @@ def test_a_trickle_of_one_byte_per_second_does_not_extend_the_timeout(
 def test_a_second_client_is_refused_and_the_first_session_completes(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    from trainer.emulator.game import Completed, SocketGame
+    from emulator.game import Completed, SocketGame
 
     second: list[str] = []
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from emulator.game import Completed
 from protocol.controls import Control
 from tests.faults.conftest import (
     FAST,
@@ -30,7 +31,6 @@ from tests.faults.conftest import (
     small_task,
 )
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from trainer.emulator.game import Completed
 from trainer.exitcodes import ExitCode
 
 LONG = replace(TINY, iteration_num=1_000_000)

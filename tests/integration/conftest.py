@@ -1,7 +1,7 @@
 """Shared pieces of the integration tests: small tasks and session settings for the real trainer.
 
 Every test here runs ``scripts/train.py`` (or ``python -m trainer.cli offline``) as a child process against
-the game-side emulator (:mod:`trainer.emulator.session`). Sizes are chosen so that one session, including
+the game-side emulator (:mod:`emulator.session`). Sizes are chosen so that one session, including
 the trainer's torch import, takes seconds on two CPU cores; every wait is bounded well under 60 s and the
 child is killed on the way out whatever happens.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from trainer.emulator.session import EngineTask, SessionRecord, SessionSettings
-from trainer.emulator.tasks import continuous_action_schema, continuous_observation_schema, pendulum
+from emulator.session import EngineTask, SessionRecord, SessionSettings
+from emulator.tasks import continuous_action_schema, continuous_observation_schema, pendulum
 
 if sys.platform == "win32":  # pragma: no cover - the emulator's shared memory and poll() are POSIX
     collect_ignore_glob = ["test_*.py"]

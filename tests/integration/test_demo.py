@@ -1,4 +1,4 @@
-"""``la-trainer demo`` (trainer/demo.py, trainer/report.py): the newcomer's first run.
+"""``la-trainer demo`` (emulator/demo.py, emulator/report.py): the newcomer's first run.
 
 The unit tests at the top need no trainer process (seconds); the two marked ``integration``/``slow`` run
 the real ``scripts/train.py`` over shared memory with a reduced budget (``--quick``), once to completion
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trainer.demo import (
+from emulator.demo import (
     EVALUATION_SEED,
     QUICK_PLAN,
     DemoPlan,
@@ -31,10 +31,7 @@ from trainer.demo import (
     parse_progress_line,
     record_demonstrations,
 )
-from trainer.emulator.session import SessionSettings, build_session_config
-from trainer.emulator.tasks import Demonstrations, avoid, task_rng
-from trainer.progress import ProgressReporter
-from trainer.report import (
+from emulator.report import (
     FIGURE_FILE_NAME,
     JSON_FILE_NAME,
     MARKDOWN_FILE_NAME,
@@ -46,6 +43,9 @@ from trainer.report import (
     results_table_text,
     write_report,
 )
+from emulator.session import SessionSettings, build_session_config
+from emulator.tasks import Demonstrations, avoid, task_rng
+from trainer.progress import ProgressReporter
 
 METRIC_KEYS = {"success", "entropy", "collision", "mean_steps", "policy_calls", "ms_per_call"} | {
     f"mode/{name}" for name in avoid.MODE_NAMES

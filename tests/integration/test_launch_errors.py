@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from protocol.guid import new_guid
-from tests.integration.conftest import SETTINGS
-from trainer.emulator.game import ShmGame, SocketGame
-from trainer.emulator.launch import (
+from emulator.game import ShmGame, SocketGame
+from emulator.launch import (
     EngineLayout,
     TrainerProcess,
     make_task_dir,
     shared_memory_command,
     socket_command,
 )
-from trainer.emulator.session import EngineTask, build_session_config, free_tcp_port
+from emulator.session import EngineTask, build_session_config, free_tcp_port
+from protocol.guid import new_guid
+from tests.integration.conftest import SETTINGS
 from trainer.exitcodes import ExitCode
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

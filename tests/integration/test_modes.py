@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from emulator.session import EngineTask, Mode, SessionRecord, run_engine_session
 from protocol.guid import GuidFormat
 from tests.integration.conftest import SETTINGS, STOP_SETTINGS, assert_same_layout, assert_trained
-from trainer.emulator.session import EngineTask, Mode, SessionRecord, run_engine_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 
 Facts checked: the pure function ``make_loss_and_grads`` (what gets compiled) returns autograd's loss
 and gradients for every activation, with and without an output Denormalize and observation noise; a
-FastStep built with ``compiled=True`` draws the same random numbers as the eager one and agrees with it
+FusedStep built with ``compiled=True`` draws the same random numbers as the eager one and agrees with it
 to float rounding, and reproduces itself bit for bit under a seed; a compilation failure falls back to
 the eager step with one warning and loses no draw; the option is validated."""
 
@@ -15,18 +15,18 @@ import shutil
 import pytest
 import torch
 
-import trainer.fast_step as fast_step_module
-from tests.trainer.test_fast_step import BATCH, assert_same, engine_model, everything
-from trainer.compiled_step import (
+import trainer.steps.fused as fused_step_module
+from tests.trainer.test_fused_step import BATCH, assert_same, engine_model, everything
+from trainer.flow import TimeDistribution
+from trainer.steps.autograd import make_optimizer
+from trainer.steps.compiled import (
     FlatLayout,
     compile_unavailable,
     compile_wanted,
     make_flat_step,
     make_loss_and_grads,
 )
-from trainer.fast_step import FastStep
-from trainer.flow import TimeDistribution
-from trainer.step import make_optimizer
+from trainer.steps.fused import FusedStep
 
 
 def autograd_loss_and_grads(
@@ -160,10 +160,10 @@ def test_the_flat_step_lays_gradients_out_like_the_parameters_and_sums_the_norm_
     assert torch.isinf((huge * huge).sum()) and torch.isfinite(huge.double().square().sum().sqrt())
 
 
-def run_fast(model: object, data: object, steps: int, *, compiled: bool) -> tuple[FastStep, torch.Generator]:
+def run_fast(model: object, data: object, steps: int, *, compiled: bool) -> tuple[FusedStep, torch.Generator]:
     generator = torch.Generator().manual_seed(13)
     optimizer = make_optimizer(model, 3e-3, 1e-3)  # type: ignore[arg-type]
-    fast = FastStep.build(
+    fast = FusedStep.build(
         model,  # type: ignore[arg-type]
         optimizer,
         model.tensor_data(data),  # type: ignore[attr-defined]
@@ -212,7 +212,7 @@ def test_a_failed_compilation_falls_back_to_the_eager_step_without_losing_a_draw
 
         return fail
 
-    monkeypatch.setattr(fast_step_module, "compile_flat_step", broken)
+    monkeypatch.setattr(fused_step_module, "compile_flat_step", broken)
     base, data = engine_model()
     eager_model, fallback_model = copy.deepcopy(base), copy.deepcopy(base)
     eager, eager_gen = run_fast(eager_model, data, 12, compiled=False)

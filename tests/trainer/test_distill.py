@@ -1,4 +1,4 @@
-"""Few-step distillation (trainer.distill): the distilled N-step Euler sampler lands where the teacher's
+"""Few-step distillation (trainer.steps.distill): the distilled N-step Euler sampler lands where the teacher's
 many-step flow lands; a distilled 1- and 2-step sampler keeps two modes that the plain one collapses; runs
 are reproducible from the seed; the phase is sized by time and switched on by the option, exports keep the
 received structure, and the trainer process distils when LA_TRAINER_ODE_STEPS is set."""
@@ -14,12 +14,26 @@ import numpy as np
 import pytest
 import torch
 
+from emulator.session import (
+    EngineTask,
+    Mode,
+    SessionSettings,
+    build_session_config,
+    run_engine_session,
+)
+from protocol.engine.networks import build_decoder, build_denoiser, build_encoder
 from protocol.nne.codec import structure_key, write_model
 from protocol.schema import parse_schema
 from protocol.snapshot import read_snapshot
 from tests.trainer.test_model import engine_actions
 from trainer.data import TrainingData
-from trainer.distill import (
+from trainer.flow import TimeDistribution, euler_integrate
+from trainer.job import TrainingJob
+from trainer.model import FlowModel, ModelSettings
+from trainer.nne_torch import LinearModule
+from trainer.options import TrainerOptions
+from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.steps.distill import (
     EVAL_COST,
     POOL_LIMIT_BYTES,
     TRAIN_COST,
@@ -31,20 +45,6 @@ from trainer.distill import (
     distill_iterations,
     grid_times,
 )
-from trainer.emulator.networks import build_decoder, build_denoiser, build_encoder
-from trainer.emulator.session import (
-    EngineTask,
-    Mode,
-    SessionSettings,
-    build_session_config,
-    run_engine_session,
-)
-from trainer.flow import TimeDistribution, euler_integrate
-from trainer.model import FlowModel, ModelSettings
-from trainer.nne_torch import LinearModule
-from trainer.options import TrainerOptions
-from trainer.step import BatchSampler, make_optimizer, train_step
-from trainer.training import TrainingJob
 
 OBS_SCHEMA = parse_schema(
     {"Type": "Continuous", "VectorSize": 1, "EncodedSize": 1, "Num": 1, "Normalization": "AutoPerDimension"},

@@ -35,6 +35,14 @@ import numpy as np
 import pytest
 import torch
 
+from emulator.session import (
+    EngineTask,
+    Mode,
+    SessionSettings,
+    build_session_config,
+    free_tcp_port,
+    run_engine_session,
+)
 from protocol.errors import ReplayError
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import read_snapshot
@@ -60,18 +68,10 @@ from trainer.distributed import (
     sync_start_state,
     torchrun_command,
 )
-from trainer.emulator.session import (
-    EngineTask,
-    Mode,
-    SessionSettings,
-    build_session_config,
-    free_tcp_port,
-    run_engine_session,
-)
 from trainer.errors import LaunchError, PeerGone
 from trainer.exitcodes import ExitCode
+from trainer.job import TrainingJob
 from trainer.options import TrainerOptions
-from trainer.training import TrainingJob
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -92,7 +92,7 @@ LOSS_TOLERANCE = 0.10
 """Relative difference allowed between that loss in a 2-process and in a 1-process run (same seed and
 global batch). Measured in docs/scale-out.md: seed-to-seed spread of either about ±2 %."""
 KILL_SETTINGS = replace(TINY, iteration_num=100_000, activation="GELU")
-"""The killed run: GELU keeps it off the fused step (trainer/fast_step.py runs ELU, ReLU, TanH), so the
+"""The killed run: GELU keeps it off the fused step (trainer/steps/fused.py runs ELU, ReLU, TanH), so the
 loop's steps go through autograd and DDP, and the failure surfaces inside DDP's backward. The stalled and
 the compared runs use ELU (the fused step, where TrainingJob runs it)."""
 EXACT_TOLERANCE = 1e-6

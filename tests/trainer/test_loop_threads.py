@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from emulator.session import SessionSettings
 from tests.trainer.test_distributed import MemoryLink
-from trainer.emulator.session import SessionSettings
 from trainer.exitcodes import ExitCode
-from trainer.loop import THREADS_WORK_THRESHOLD, _choose_threads, run_training
+from trainer.job import TrainingJob
 from trainer.options import TrainerOptions
-from trainer.training import TrainingJob
+from trainer.run import THREADS_WORK_THRESHOLD, _choose_threads, run_training
 
 SETTINGS = SessionSettings(
     iteration_num=6, batch_size=32, hidden_layer_num=1, hidden_layer_size=16, device="CPU", seed=3

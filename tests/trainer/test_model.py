@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import torch
 
+from protocol.engine.networks import build_decoder, build_denoiser, build_encoder
 from protocol.nne.codec import structure_key, write_model
 from protocol.nne.layers import ELU, Array, Concat, Copy, Denormalize, Layer, Sequence
 from protocol.nne.reference import evaluate
 from protocol.schema import SchemaNode, parse_schema
 from trainer.data import TrainingData
-from trainer.emulator.networks import build_decoder, build_denoiser, build_encoder
 from trainer.errors import BadData, Unsupported
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
-from trainer.step import BatchSampler, make_optimizer, train_step
+from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
 
 
 @pytest.fixture(autouse=True)
@@ -119,7 +119,7 @@ def make_replay(seed: int = 0, steps: int = 240) -> tuple[np.ndarray, np.ndarray
 
 
 def make_networks(chunk: int, hidden: int = 32, seed: int = 0) -> tuple[Layer, Layer, Layer]:
-    """(denoiser, encoder, decoder) as the engine builds them (trainer.emulator.networks)."""
+    """(denoiser, encoder, decoder) as the engine builds them (protocol.engine.networks)."""
     encoder = build_encoder(OBS_SCHEMA, np.random.default_rng(seed))
     decoder = build_decoder(ACTION_SCHEMA, chunk)
     denoiser = build_denoiser(

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from protocol.engine.networks import build_decoder, build_denoiser, build_encoder
 from protocol.schema import parse_schema
 from tests.trainer.test_model import make_model, train
 from trainer.data import Batch, TensorData, TrainingData
-from trainer.emulator.networks import build_decoder, build_denoiser, build_encoder
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
-from trainer.step import BatchSampler, StepMetrics, make_optimizer, train_step
+from trainer.steps.autograd import BatchSampler, StepMetrics, make_optimizer, train_step
 
 
 @pytest.fixture(autouse=True)

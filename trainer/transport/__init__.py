@@ -1,6 +1,6 @@
 """Byte movers for the three transports: shared memory, TCP and export folders.
 
-Nothing here knows a message layout; :mod:`protocol` holds those, and :mod:`trainer.session` joins the
+Nothing here knows a message layout; :mod:`protocol` holds those, and :mod:`trainer.links` joins the
 two into one link per transport.
 """
 

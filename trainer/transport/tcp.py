@@ -5,7 +5,7 @@ caller preallocated (``recv_into``), so a multi-megabyte replay buffer is never 
 concatenation, and sends hand the encoder's parts to ``sendmsg`` without joining them.
 
 Threads: one thread receives (the session loop) while another may send (the keep-alive ping); sends
-must be serialised by the caller (:class:`trainer.session.SocketTrainerLink` holds the lock) so a ping
+must be serialised by the caller (:class:`trainer.links.SocketTrainerLink` holds the lock) so a ping
 never lands inside a network message.
 """
 

@@ -23,6 +23,35 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from emulator.game import (
+    COMPLETED,
+    EngineFailure,
+    Failure,
+    FileExport,
+    ReceivedNetwork,
+    ShmGame,
+    SocketGame,
+    engine_json_bytes,
+    engine_load_snapshot,
+)
+from emulator.launch import (
+    DEFAULT_TRAINER_MODULE,
+    LOG_PREFIX,
+    EngineLayout,
+    TrainerProcess,
+    attach_command,
+    make_task_dir,
+    shared_memory_command,
+    socket_command,
+)
+from emulator.session import (
+    EngineTask,
+    Mode,
+    SessionSettings,
+    build_session_config,
+    free_tcp_port,
+    run_engine_session,
+)
 from protocol.argv import parse_launch_argv
 from protocol.config import (
     SessionConfig,
@@ -46,35 +75,6 @@ from protocol.stream import (
     encode_complete,
     encode_network_to_game,
     encode_ping,
-)
-from trainer.emulator.game import (
-    COMPLETED,
-    EngineFailure,
-    Failure,
-    FileExport,
-    ReceivedNetwork,
-    ShmGame,
-    SocketGame,
-    engine_json_bytes,
-    engine_load_snapshot,
-)
-from trainer.emulator.launch import (
-    DEFAULT_TRAINER_MODULE,
-    LOG_PREFIX,
-    EngineLayout,
-    TrainerProcess,
-    attach_command,
-    make_task_dir,
-    shared_memory_command,
-    socket_command,
-)
-from trainer.emulator.session import (
-    EngineTask,
-    Mode,
-    SessionSettings,
-    build_session_config,
-    free_tcp_port,
-    run_engine_session,
 )
 from trainer.transport.shm import SharedRegion, region_exists
 

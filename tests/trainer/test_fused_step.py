@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 import torch
 
+from emulator.tasks import continuous_action_schema, continuous_observation_schema
+from protocol.engine.networks import build_flow_matching_networks
 from protocol.schema import parse_schema
 from tests.trainer.test_model import make_model
 from trainer.data import TensorData, TrainingData
-from trainer.emulator.networks import build_flow_matching_networks
-from trainer.emulator.tasks import continuous_action_schema, continuous_observation_schema
 from trainer.errors import Diverged
-from trainer.fast_step import FastStep, fast_step_unsupported, parse_mlp
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
 from trainer.nne_torch import DenormalizeModule, SequenceModule
-from trainer.step import BatchSampler, make_optimizer, train_step
+from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.steps.fused import FusedStep, fused_step_unsupported, parse_mlp
 
 OBS = parse_schema(continuous_observation_schema(6), "observation")
 ACT = parse_schema(continuous_action_schema(2), "action")
@@ -101,11 +101,11 @@ def fast_run(
 
 def build_fast(
     model: FlowModel, data: TrainingData, seed: int, time: TimeDistribution, noise: float, *, exact: bool
-) -> tuple[FastStep, torch.optim.Optimizer, torch.Generator]:
+) -> tuple[FusedStep, torch.optim.Optimizer, torch.Generator]:
     """A fused step on ``model`` with the tests' optimiser settings and a generator seeded ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer(model, 3e-3, 1e-3)
-    fast = FastStep.build(
+    fast = FusedStep.build(
         model, optimizer, model.tensor_data(data), BATCH, generator, time, noise, exact=exact
     )
     assert fast is not None
@@ -177,7 +177,7 @@ def test_the_torch_optimizer_can_take_over_mid_run() -> None:
     generator = torch.Generator().manual_seed(4)
     optimizer = make_optimizer(mixed, 3e-3, 1e-3)
     tensors = mixed.tensor_data(data)
-    fast = FastStep.build(mixed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
+    fast = FusedStep.build(mixed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
     assert fast is not None
     for i in range(10):
         fast.step(i)
@@ -199,7 +199,7 @@ def test_building_adopts_existing_optimizer_state() -> None:
     sampler = BatchSampler(tensors, BATCH, generator)
     for i in range(8):
         train_step(resumed, optimizer, sampler.next(), generator, time, 0.0, i)
-    fast = FastStep.build(resumed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
+    fast = FusedStep.build(resumed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
     assert fast is not None
     for i in range(8, 16):
         fast.step(i)
@@ -211,7 +211,7 @@ def test_diverged_is_raised_before_anything_changes() -> None:
     generator = torch.Generator().manual_seed(0)
     optimizer = make_optimizer(model, 1e-3, 1e-4)
     tensors = model.tensor_data(data)
-    fast = FastStep.build(model, optimizer, tensors, BATCH, generator, TimeDistribution.uniform(), 0.0)
+    fast = FusedStep.build(model, optimizer, tensors, BATCH, generator, TimeDistribution.uniform(), 0.0)
     assert fast is not None
     for i in range(3):
         fast.step(i)
@@ -228,20 +228,20 @@ def test_diverged_is_raised_before_anything_changes() -> None:
 def test_unsupported_models_and_optimizers_are_refused_with_a_reason() -> None:
     embedded, data = make_model(True, False, 1, ema=0.9)  # Embed true + Encoding MLP: encoder trained
     optimizer = make_optimizer(embedded, 1e-3, 0.0)
-    reason = fast_step_unsupported(embedded, optimizer)
+    reason = fused_step_unsupported(embedded, optimizer)
     assert reason is not None and "encoder is trained" in reason
     tensors = embedded.tensor_data(data)
     generator = torch.Generator()
-    assert FastStep.build(embedded, optimizer, tensors, 8, generator, TimeDistribution.uniform(), 0.0) is None
+    assert FusedStep.build(embedded, optimizer, tensors, 8, generator, TimeDistribution.uniform(), 0.0) is None
 
     gelu, _ = engine_model(activation="GELU")
-    reason = fast_step_unsupported(gelu, make_optimizer(gelu, 1e-3, 0.0))
+    reason = fused_step_unsupported(gelu, make_optimizer(gelu, 1e-3, 0.0))
     assert reason is not None and "GELU" in reason
 
     model, _ = engine_model()
     sgd = torch.optim.SGD(model.trainable_parameters(), lr=0.1)
-    assert fast_step_unsupported(model, sgd) == "the optimiser is not a one-group AdamW"
-    assert fast_step_unsupported(model, make_optimizer(model, 1e-3, 0.0)) is None
+    assert fused_step_unsupported(model, sgd) == "the optimiser is not a one-group AdamW"
+    assert fused_step_unsupported(model, make_optimizer(model, 1e-3, 0.0)) is None
 
 
 def output_denormalize(model: FlowModel) -> DenormalizeModule:
@@ -280,9 +280,9 @@ def test_a_non_identity_output_denormalize_is_trained_like_the_reference() -> No
 def test_latents_are_encoded_per_batch_when_the_table_would_be_too_big(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import trainer.fast_step as fast_step
+    import trainer.steps.fused as fused_step
 
-    monkeypatch.setattr(fast_step, "PRECOMPUTE_LIMIT_BYTES", 0)
+    monkeypatch.setattr(fused_step, "PRECOMPUTE_LIMIT_BYTES", 0)
     base, data = engine_model()
     ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
     _, ref_opt, _ = reference_run(ref_model, data, 15, 6, TimeDistribution.uniform(), 0.0)
@@ -295,7 +295,7 @@ def test_build_checks_the_batch_size() -> None:
     tensors: TensorData = model.tensor_data(data)
     optimizer = make_optimizer(model, 1e-3, 0.0)
     with pytest.raises(ValueError, match="batch_size"):
-        FastStep.build(model, optimizer, tensors, 0, torch.Generator(), TimeDistribution.uniform(), 0.0)
+        FusedStep.build(model, optimizer, tensors, 0, torch.Generator(), TimeDistribution.uniform(), 0.0)
 
 
 def undisturbed(base: FlowModel, data: TrainingData, steps: int, seed: int) -> dict[str, torch.Tensor]:

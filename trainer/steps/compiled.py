@@ -1,6 +1,6 @@
 """The fused step's arithmetic as one ``torch.compile``-d function: fewer kernels, less Python per step.
 
-:class:`trainer.fast_step.FastStep` already removed autograd and the optimiser's per-tensor loop; what
+:class:`trainer.steps.fused.FusedStep` already removed autograd and the optimiser's per-tensor loop; what
 is left on a CPU for the engine's default network (41 → 128 → 128 → 8, batch 256) is about forty
 element-wise kernels and their Python calls around five small matmuls. Inductor fuses the element-wise
 work (gathers, the flow sample, normalisation, activations and their backward, the loss) into a few
@@ -110,7 +110,7 @@ def _activation_backward(name: str, grad: Tensor, a: Tensor) -> Tensor:
 
 
 def make_loss_and_grads(activations: Sequence[str], obs_noise_scale: float) -> LossAndGrads:
-    """The step's arithmetic, un-compiled: the same formulas as :meth:`FastStep.step` stages 1–4 after
+    """The step's arithmetic, un-compiled: the same formulas as :meth:`FusedStep.step` stages 1–4 after
     the draws, as a pure function (no ``out=``, no in-place: inductor plans the buffers)."""
     names = tuple(activations)
     scale = float(obs_noise_scale)
@@ -168,7 +168,7 @@ def make_loss_and_grads(activations: Sequence[str], obs_noise_scale: float) -> L
 
 @dataclass(frozen=True, slots=True)
 class FlatLayout:
-    """Where each parameter lives in the fused step's flat buffer (:class:`trainer.fast_step._Flat`).
+    """Where each parameter lives in the fused step's flat buffer (:class:`trainer.steps.fused._Flat`).
 
     ``blocks``: (offset, shape) per parameter, in the optimiser's order; ``layers``: (weight block,
     bias block) per Linear, in network order; ``size``: the buffer's length (blocks are padded for

@@ -1,5 +1,5 @@
 """One training job: the received networks and replay buffer turned into a model, an optimiser and a
-sampler, stepped by :mod:`trainer.loop` and exported back to layer values on demand.
+sampler, stepped by :mod:`trainer.run` and exported back to layer values on demand.
 
 This is where the engine's settings (spec §4.1) meet our options (:mod:`trainer.options`): seed,
 learning rate, weight decay, batch size, iteration count, observation noise, time distribution, EMA.
@@ -28,16 +28,16 @@ from trainer.checkpoint import (
     remove_stale_temp_files,
     save_checkpoint,
 )
-from trainer.compiled_step import compile_wanted
 from trainer.data import TensorData, TrainingData
-from trainer.distill import RECOMMENDED_ITERATIONS, Distiller, DistillSettings, distill_iterations
 from trainer.errors import BadData
-from trainer.fast_step import FastStep, fast_step_unsupported
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
 from trainer.options import TrainerOptions
 from trainer.progress import log
-from trainer.step import BatchSampler, make_optimizer, train_step
+from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.steps.compiled import compile_wanted
+from trainer.steps.distill import RECOMMENDED_ITERATIONS, Distiller, DistillSettings, distill_iterations
+from trainer.steps.fused import FusedStep, fused_step_unsupported
 
 __all__ = ["TrainingJob"]
 
@@ -64,10 +64,10 @@ class TrainingJob:
     smoothed_loss: float = math.nan
     extra: dict[str, Any] = field(default_factory=dict)
     distill_start: int | None = None
-    """First distillation iteration (``options.ode_steps`` > 0, see :mod:`trainer.distill`); None: off."""
+    """First distillation iteration (``options.ode_steps`` > 0, see :mod:`trainer.steps.distill`); None: off."""
     distiller: Distiller | None = None
-    _fast: FastStep | None = field(default=None, init=False, repr=False)
-    """The fused flow-matching step (:mod:`trainer.fast_step`), built at the first step (after anything
+    _fast: FusedStep | None = field(default=None, init=False, repr=False)
+    """The fused flow-matching step (:mod:`trainer.steps.fused`), built at the first step (after anything
     that loads state); None when it does not apply, and then :func:`train_step` runs."""
     _fast_checked: bool = field(default=False, init=False, repr=False)
     checkpoint_dir: Path | None = None
@@ -140,7 +140,7 @@ class TrainingJob:
             raise BadData(f"option compile: {error}") from None
         distill_start = None
         if options.ode_steps > 0:
-            # Few-step distillation (trainer.distill): the last iterations distil for the game's
+            # Few-step distillation (trainer.steps.distill): the last iterations distil for the game's
             # ODEStepsNum, as many as fit into distill_fraction of the run's time.
             try:
                 cost = DistillSettings(options.ode_steps).cost
@@ -186,7 +186,7 @@ class TrainingJob:
     def _resume(self) -> None:
         """Load the newest usable checkpoint (``--resume``) into the model, optimiser and generator.
 
-        Runs before the first step, so the fused step (:mod:`trainer.fast_step`) adopts the loaded state.
+        Runs before the first step, so the fused step (:mod:`trainer.steps.fused`) adopts the loaded state.
         """
         assert self.checkpoint_dir is not None and self.fingerprint is not None  # create() sets both
         state, notes = load_for_resume(self.checkpoint_dir, self.fingerprint)
@@ -238,10 +238,10 @@ class TrainingJob:
         smoothed loss."""
         if self.distill_start is not None and iteration >= self.distill_start:
             return self._distill_step(iteration)
-        fast = self._fast_step()
+        fast = self._fused_step()
         if fast is not None:
             # Same draws from the same generator, same maths as train_step (to float rounding), without
-            # the per-op overhead that dominates a small network's step on a CPU (trainer.fast_step).
+            # the per-op overhead that dominates a small network's step on a CPU (trainer.steps.fused).
             metrics = fast.step(iteration)
         else:
             metrics = train_step(
@@ -259,12 +259,12 @@ class TrainingJob:
             self.smoothed_loss = LOSS_SMOOTHING * self.smoothed_loss + (1 - LOSS_SMOOTHING) * metrics.loss
         return self.smoothed_loss
 
-    def _fast_step(self) -> FastStep | None:
+    def _fused_step(self) -> FusedStep | None:
         if not self._fast_checked:
             self._fast_checked = True
             training = self.config.trainer.training
             compiled, why = compile_wanted(self.options.compile, self.device)
-            self._fast = FastStep.build(
+            self._fast = FusedStep.build(
                 self.model,
                 self.optimizer,
                 self.tensors,
@@ -275,20 +275,20 @@ class TrainingJob:
                 compiled=compiled,
             )
             if self._fast is None:
-                reason = fast_step_unsupported(self.model, self.optimizer)
+                reason = fused_step_unsupported(self.model, self.optimizer)
                 log(f"la-trainer: note: using the autograd training step ({reason})")
             elif self._fast.compiling:
                 log("la-trainer: compiling the training step with torch.compile (once per run; seconds)")
             elif self.options.compile.strip().lower() == "on":
                 # Wanted and available, yet not compiling: the compiled function gathers precomputed
-                # latents, which this buffer is too large for (fast_step.PRECOMPUTE_LIMIT_BYTES).
+                # latents, which this buffer is too large for (trainer.steps.fused.PRECOMPUTE_LIMIT_BYTES).
                 reason = why if not compiled else "the replay buffer's latents are too large to precompute"
                 log(f"la-trainer: warning: training step not compiled ({reason})")
         return self._fast
 
     def _distill_step(self, iteration: int) -> float:
         if self.distiller is None:
-            # The phase boundary: freeze the teacher now (trainer.distill.Distiller).
+            # The phase boundary: freeze the teacher now (trainer.steps.distill.Distiller).
             training = self.config.trainer.training
             self.distiller = Distiller(
                 self.model,

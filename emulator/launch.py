@@ -49,8 +49,8 @@ __all__ = [
     "socket_command",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""The repository checkout (``trainer/emulator/launch.py`` is two levels below it)."""
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The repository checkout (``emulator/launch.py`` is one level below it)."""
 TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train.py"
 """The engine drop-in script the emulator launches in place of ``LearningCore/Content/Python/train.py``."""
 

@@ -46,8 +46,8 @@ from protocol.stream import (
 from tests.protocol.test_config import MODEL, TRAINER
 from tests.trainer.test_transport_files import sample_networks, sample_replay, small_data, write_export
 from trainer.errors import Interrupted, PeerGone, WaitTimeout
-from trainer.session import FileTrainerLink, KeepAlive, ShmTrainerLink, SocketTrainerLink
-from trainer.settings import Timeouts
+from trainer.links import FileTrainerLink, KeepAlive, ShmTrainerLink, SocketTrainerLink
+from trainer.timeouts import Timeouts
 from trainer.transport.files import network_path
 from trainer.transport.shm import SharedRegion, region_exists
 from trainer.transport.tcp import TcpConnection, connect_with_retry

@@ -12,9 +12,9 @@ The story, in execution order (each step is one function below):
    takes it (spec §7.1). The trainer's stdout progress lines drive the progress bar and the loss curve.
 3. **Evaluate** (:func:`evaluate_networks`): the last networks the game received run through the
    engine's inference path (encoder → ``ODEStepsNum`` Euler steps of the denoiser from N(0, I) →
-   decoder, :class:`trainer.emulator.inference.EnginePolicy`) in 200 closed-loop rollouts; the scripted
+   decoder, :class:`emulator.inference.EnginePolicy`) in 200 closed-loop rollouts; the scripted
    expert is scored on the same start positions.
-4. **Report** (:mod:`trainer.report`): ``report.md``, ``report.png`` and ``metrics.json`` in ``--out``.
+4. **Report** (:mod:`emulator.report`): ``report.md``, ``report.png`` and ``metrics.json`` in ``--out``.
 
 Time: the whole command is meant to end within ``--time-limit`` seconds (default 110, under two minutes
 on two CPU cores). When training would run past that, the game sends Stop (the engine's EndTraining,
@@ -42,18 +42,18 @@ import click
 import numpy as np
 import numpy.typing as npt
 
-from trainer.emulator.game import Completed, EngineFailure, ShmGame
-from trainer.emulator.inference import EnginePolicy
-from trainer.emulator.launch import (
+from emulator.game import Completed, EngineFailure, ShmGame
+from emulator.inference import EnginePolicy
+from emulator.launch import (
     DEFAULT_TASK_NAME,
     EngineLayout,
     TrainerProcess,
     make_task_dir,
     shared_memory_command,
 )
-from trainer.emulator.session import EngineTask, SessionSettings, build_session_config
-from trainer.emulator.tasks import Demonstrations, avoid, task_rng
-from trainer.report import DemoReport, ReportFiles, ResultRow, Trajectories, results_table_text, write_report
+from emulator.report import DemoReport, ReportFiles, ResultRow, Trajectories, results_table_text, write_report
+from emulator.session import EngineTask, SessionSettings, build_session_config
+from emulator.tasks import Demonstrations, avoid, task_rng
 
 __all__ = [
     "DEFAULT_OUT_DIR",
@@ -110,7 +110,7 @@ _PROGRESS_RE = re.compile(
 """The trainer's plain progress line (:class:`trainer.progress.ProgressReporter`), e.g.
 ``train: iteration 1200/4000 (30.0%) loss 0.41234 1,850 it/s eta 2s syncs 3``."""
 _DISTILL_RE = re.compile(r"distilling for \d+ Euler step\(s\) from iteration (?P<start>\d+)")
-"""The trainer's announcement of its few-step distillation phase (trainer/training.py): from that
+"""The trainer's announcement of its few-step distillation phase (trainer/job.py): from that
 iteration on, the loss it prints is the distillation loss, on another scale."""
 
 
@@ -490,7 +490,7 @@ class Evaluation:
 
 
 def evaluation_starts(seed: int, rollout_num: int) -> npt.NDArray[np.float64]:
-    """The start positions :func:`trainer.emulator.tasks.avoid.evaluate_policy` uses, ``(N, 2)``.
+    """The start positions :func:`emulator.tasks.avoid.evaluate_policy` uses, ``(N, 2)``.
 
     Needed to record trajectories of the very episodes the metrics count (``evaluate_policy`` keeps no
     trajectories). The stream constant is the task module's; a test pins the equality.

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from trainer.emulator.tasks import (
+from emulator.tasks import (
     Demonstrations,
     FloatArray,
     Policy,

@@ -10,7 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from emulator.inference import EnginePolicy
 from protocol.cityhash import city_hash32, denoiser_compatibility_hash, to_int32
+from protocol.engine.networks import (
+    DENOISER_SEED_SALT,
+    ENCODER_SEED_SALT,
+    build_decoder,
+    build_denoiser,
+    build_encoder,
+    build_flow_matching_networks,
+    kaiming_uniform_linear,
+    network_rng,
+    schema_hash_stand_in,
+)
 from protocol.errors import ConfigError
 from protocol.nne.codec import layers_equal, model_byte_size
 from protocol.nne.layers import (
@@ -29,18 +41,6 @@ from protocol.nne.layers import (
 from protocol.nne.reference import evaluate
 from protocol.schema import parse_schema
 from protocol.snapshot import read_snapshot, write_snapshot
-from trainer.emulator.inference import EnginePolicy
-from trainer.emulator.networks import (
-    DENOISER_SEED_SALT,
-    ENCODER_SEED_SALT,
-    build_decoder,
-    build_denoiser,
-    build_encoder,
-    build_flow_matching_networks,
-    kaiming_uniform_linear,
-    network_rng,
-    schema_hash_stand_in,
-)
 
 # --------------------------------------------------------------------------------------------------
 # Schemas
@@ -360,7 +360,7 @@ def test_headers(chunk: int) -> None:
 
 def test_b1_denoiser_hash_golden() -> None:
     # B1: EncodedObsSize 2, ActDim 2 -> the reference CityHash32 of the triple (see test_cityhash).
-    from trainer.emulator.tasks import bimodal
+    from emulator.tasks import bimodal
 
     nets = build_flow_matching_networks(
         parse_schema(bimodal.OBSERVATION_SCHEMA, "observation"), parse_schema(bimodal.ACTION_SCHEMA, "action")

@@ -11,7 +11,7 @@
    then DoneTraining) after that many rounds;
 5. wait (bounded) for the trainer to exit by itself; check what it left in ``/dev/shm``.
 
-Every failure (an :class:`~trainer.emulator.game.EngineFailure`, a harness timeout, a trainer that exits
+Every failure (an :class:`~emulator.game.EngineFailure`, a harness timeout, a trainer that exits
 too early) is caught and stored in :attr:`SessionRecord.failure`; :meth:`SessionRecord.check` turns it
 into an assertion message with the trainer's log tail. The trainer process is always killed on the way
 out if it is still running, so a session never leaves a process or hangs.
@@ -33,6 +33,30 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from emulator.game import (
+    DEFAULT_ENGINE_TIMEOUT_S,
+    Completed,
+    EngineFailure,
+    FileExport,
+    ReceivedNetwork,
+    ShmGame,
+    SocketGame,
+)
+from emulator.inference import DEFAULT_ODE_STEPS, EnginePolicy
+from emulator.launch import (
+    DEFAULT_TASK_NAME,
+    DEFAULT_TRAINER_MODULE,
+    REPO_ROOT,
+    TRAIN_SCRIPT,
+    EngineLayout,
+    TrainerProcess,
+    attach_command,
+    make_task_dir,
+    offline_command,
+    shared_memory_command,
+    socket_command,
+)
+from emulator.tasks import Demonstrations
 from protocol.config import (
     DataConfig,
     FlowMatchingSettings,
@@ -46,35 +70,11 @@ from protocol.config import (
     TrainerConfig,
 )
 from protocol.controls import Control
+from protocol.engine.networks import build_flow_matching_networks
 from protocol.guid import GuidFormat, format_guid, new_guid, os_shm_name, platform_guid_string
 from protocol.replay import ReplayBuffer
 from protocol.schema import parse_schema
 from protocol.snapshot import SnapshotHeader, read_snapshot_header
-from trainer.emulator.game import (
-    DEFAULT_ENGINE_TIMEOUT_S,
-    Completed,
-    EngineFailure,
-    FileExport,
-    ReceivedNetwork,
-    ShmGame,
-    SocketGame,
-)
-from trainer.emulator.inference import DEFAULT_ODE_STEPS, EnginePolicy
-from trainer.emulator.launch import (
-    DEFAULT_TASK_NAME,
-    DEFAULT_TRAINER_MODULE,
-    REPO_ROOT,
-    TRAIN_SCRIPT,
-    EngineLayout,
-    TrainerProcess,
-    attach_command,
-    make_task_dir,
-    offline_command,
-    shared_memory_command,
-    socket_command,
-)
-from trainer.emulator.networks import build_flow_matching_networks
-from trainer.emulator.tasks import Demonstrations
 from trainer.transport.shm import region_exists
 
 __all__ = [
@@ -147,7 +147,7 @@ class EngineTask:
     def benchmark(cls, name: str = "bimodal", size: int = 500, seed: int = 0) -> EngineTask:
         """A benchmark task (``bimodal``, ``avoid``, ``pendulum``) with a small recording: ``size`` pairs
         for bimodal (one 1-step episode each), ``size`` demonstrations otherwise."""
-        module = importlib.import_module(f"trainer.emulator.tasks.{name}")
+        module = importlib.import_module(f"emulator.tasks.{name}")
         count_kw = "pair_num" if name == "bimodal" else "demo_num"
         demos = module.make_demonstrations(seed, **{count_kw: size})
         return cls.from_demonstrations(name, module.OBSERVATION_SCHEMA, module.ACTION_SCHEMA, demos)

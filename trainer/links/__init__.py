@@ -11,7 +11,7 @@ number of rounds "send 0, 1, 2" → Complete. Stop (the engine's ``EndTraining``
 :meth:`TrainerLink.stop_requested` turns True and stays True, and a blocking call that sees it raises
 :class:`~trainer.transport.wait.StopRequested` (exit code 0).
 
-Every blocking call is bounded by a :class:`~trainer.settings.Timeouts` field and watches the engine:
+Every blocking call is bounded by a :class:`~trainer.timeouts.Timeouts` field and watches the engine:
 shared memory by the controls region and (spawned mode) the parent process, sockets by EOF.
 """
 
@@ -52,7 +52,7 @@ from protocol.stream import (
     encode_ping,
 )
 from trainer.errors import BadData, Interrupted, LaunchError, PeerGone, TrainerError, WaitTimeout
-from trainer.settings import Timeouts
+from trainer.timeouts import Timeouts
 from trainer.transport.files import (
     TrainingMaterials,
     find_training_materials,

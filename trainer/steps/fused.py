@@ -1,10 +1,10 @@
 """A fused training step for the engine's denoiser MLP: same objective and random draws, fewer kernels.
 
-:func:`trainer.step.train_step` is the readable reference (autograd, ``torch.optim.AdamW``). For the
+:func:`trainer.steps.autograd.train_step` is the readable reference (autograd, ``torch.optim.AdamW``). For the
 networks the engine builds (spec §6.3: ``Sequence[Sequence[Linear, act, …, Linear], Denormalize]``
 with ELU/ReLU/TanH) and a frozen encoder, most of a step's wall time on a CPU is per-op overhead, not
 arithmetic: autograd bookkeeping, AdamW's per-parameter loop (about a dozen ops per tensor on CPU, where
-torch uses neither the foreach nor the fused kernels by default) and fresh allocations. :class:`FastStep`
+torch uses neither the foreach nor the fused kernels by default) and fresh allocations. :class:`FusedStep`
 removes that overhead and nothing else:
 
 * **Preallocated buffers.** Every batch-sized tensor is allocated once and written with ``out=``.
@@ -43,7 +43,7 @@ alignment; the latents precomputed from a non-element-wise encoder differ from p
 rounding, consistently).
 
 Anything else (a trained encoder, other layer types, a GELU, non-float32, another optimiser) is left to
-the reference step: :func:`fast_step_unsupported` says why, :meth:`FastStep.build` returns None.
+the reference step: :func:`fused_step_unsupported` says why, :meth:`FusedStep.build` returns None.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from trainer.compiled_step import FlatLayout, FlatStep, compile_flat_step
 from trainer.data import TensorData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution
@@ -70,13 +69,14 @@ from trainer.nne_torch import (
     TanHModule,
 )
 from trainer.progress import log
-from trainer.step import StepMetrics
+from trainer.steps.autograd import StepMetrics
+from trainer.steps.compiled import FlatLayout, FlatStep, compile_flat_step
 
 __all__ = [
     "PRECOMPUTE_LIMIT_BYTES",
-    "FastStep",
+    "FusedStep",
     "MlpLayout",
-    "fast_step_unsupported",
+    "fused_step_unsupported",
     "parse_mlp",
 ]
 
@@ -118,7 +118,7 @@ def _flatten(module: nn.Module) -> Iterator[nn.Module]:
 
 
 def parse_mlp(denoiser: nn.Module) -> MlpLayout | str:
-    """The denoiser's layout, or a sentence saying why it is not a plain MLP the fast step runs."""
+    """The denoiser's layout, or a sentence saying why it is not a plain MLP the fused step runs."""
     modules = list(_flatten(denoiser))
     output_mean: Tensor | None = None
     output_std: Tensor | None = None
@@ -141,15 +141,15 @@ def parse_mlp(denoiser: nn.Module) -> MlpLayout | str:
             name = _ACTIVATIONS.get(type(module))
             if name is None:
                 kind = type(module).__name__.removesuffix("Module")
-                return f"layer {i} of the denoiser MLP is {kind}; the fast step runs ELU, ReLU and TanH"
+                return f"layer {i} of the denoiser MLP is {kind}; the fused step runs ELU, ReLU and TanH"
             activations.append(name)
     if not linears or len(modules) % 2 == 0:
         return "the denoiser is not Linear (activation Linear)* [Denormalize]"
     return MlpLayout(tuple(linears), tuple(activations), output_mean, output_std)
 
 
-def fast_step_unsupported(model: FlowModel, optimizer: torch.optim.Optimizer) -> str | None:
-    """None when :class:`FastStep` can run this model and optimiser, else the reason (for the log)."""
+def fused_step_unsupported(model: FlowModel, optimizer: torch.optim.Optimizer) -> str | None:
+    """None when :class:`FusedStep` can run this model and optimiser, else the reason (for the log)."""
     if model.placement.encoder_trained or any(p.requires_grad for p in model.encoder.parameters()):
         return "the encoder is trained (EmbedNormalizationsInWeights with Encoding MLPs)"
     layout = parse_mlp(model.denoiser)
@@ -236,7 +236,7 @@ def _activation_backward(name: str, exact: bool) -> Callable[[Tensor, Tensor, Te
     return lambda g, h, a, out: torch.ops.aten.tanh_backward.grad_input(g, a, grad_input=out)
 
 
-class FastStep:
+class FusedStep:
     """Batch sampling + one optimisation step, fused; a drop-in for ``BatchSampler.next`` + ``train_step``.
 
     Build with :meth:`build`. After building, the denoiser's parameters and the AdamW state tensors are
@@ -362,7 +362,7 @@ class FastStep:
         # dL/da_k; the fast mode's result-based backward turns it into dL/dh_k in place (same buffer).
         self._grad_act = [empty(b, w) for w in widths[:-1]] if exact else self._grad_pre[:-1]
         self._uniform_time = time_distribution.kind == "uniform"
-        # The arithmetic after the draws as one compiled function (trainer.compiled_step), when asked for
+        # The arithmetic after the draws as one compiled function (trainer.steps.compiled), when asked for
         # and possible: it gathers from the precomputed latents, and exact mode keeps ATen's kernels.
         self._compiled: FlatStep | None = None
         if compiled and not exact and self._latents is not None:
@@ -458,8 +458,8 @@ class FastStep:
         *,
         exact: bool = False,
         compiled: bool = False,
-    ) -> FastStep | None:
-        """The fused step for this job, or None when :func:`fast_step_unsupported` finds a reason.
+    ) -> FusedStep | None:
+        """The fused step for this job, or None when :func:`fused_step_unsupported` finds a reason.
 
         ``exact``: run the kernels autograd and torch's AdamW run (ELU with ``expm1``, its input-based
         backward, the single-tensor AdamW), so that for the engine's networks every step is bitwise the
@@ -467,9 +467,9 @@ class FastStep:
         backward and the fused AdamW kernel, equal to the reference to float rounding and faster.
 
         ``compiled``: run the arithmetic after the draws as one ``torch.compile``-d function
-        (:mod:`trainer.compiled_step`; ignored with ``exact``). The first step compiles; if that fails the
+        (:mod:`trainer.steps.compiled`; ignored with ``exact``). The first step compiles; if that fails the
         step falls back to the eager kernels with one warning line."""
-        if fast_step_unsupported(model, optimizer) is not None:
+        if fused_step_unsupported(model, optimizer) is not None:
             return None
         layout = parse_mlp(model.denoiser)
         if isinstance(layout, str) or not isinstance(optimizer, torch.optim.AdamW):
@@ -495,14 +495,14 @@ class FastStep:
 
     @torch.no_grad()
     def step(self, iteration: int = 0) -> StepMetrics:
-        """Draw a batch and take one step. Same contract as :func:`trainer.step.train_step`: raises
+        """Draw a batch and take one step. Same contract as :func:`trainer.steps.autograd.train_step`: raises
         :class:`Diverged` before touching the weights, the moments or the EMA when the loss or the
         gradient norm is not finite. One host sync per step (the two metrics)."""
         model = self.model
         g = self.generator
         b = self.batch_size
         if not self._adopted():
-            if fast_step_unsupported(model, self.optimizer) is not None:
+            if fused_step_unsupported(model, self.optimizer) is not None:
                 raise RuntimeError("the model or optimiser changed into one the fused step cannot run")
             self._adopt()
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from trainer.emulator.tasks import (
+from emulator.tasks import (
     Demonstrations,
     FloatArray,
     Policy,

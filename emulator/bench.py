@@ -4,15 +4,15 @@ One run measures everything side by side, so the ratios hold even on a loaded ma
 the median of ``--repeats`` runs, contenders interleaved so that load changes hit all of them alike):
 
 1. **Training** (iterations/s) per configuration of :data:`TRAIN_CONFIGS`, for
-   ``ours`` (what :class:`trainer.training.TrainingJob` runs, with the thread count the trainer picks),
-   ``autograd`` (:func:`trainer.step.train_step`, the readable reference) and ``reference``: the loop a
+   ``ours`` (what :class:`trainer.job.TrainingJob` runs, with the thread count the trainer picks),
+   ``autograd`` (:func:`trainer.steps.autograd.train_step`, the readable reference) and ``reference``: the loop a
    public flow-matching example would write (``nn.Sequential``, ``torch.optim.AdamW`` with the same
    hyperparameters and amsgrad, per-step sampling, torch's default threads, no EMA). The roofline is the
    matmul rate (a 1024³ ``torch.mm`` on every core, timed interleaved with the contenders so that it
    sees the same load) divided by the MLP's FLOPs per iteration, ``6·B·Σ In·Out`` (forward
    2·B·Σ In·Out, backward twice that). On CUDA the same contenders also run on the GPU (no CUDA graphs).
 2. **Ingest** of a ``--ingest-mb`` replay buffer into a trainer-side process over shared memory and over
-   the socket (the real :mod:`trainer.session` links against the emulator's :mod:`trainer.emulator.game`
+   the socket (the real :mod:`trainer.links` links against the emulator's :mod:`emulator.game`
    drivers), against a memcpy of the same bytes and a raw loopback transfer, in the same processes.
    Time = from the engine posting the buffer (shm) or starting to send it (socket) to
    ``receive_experience`` returning in the trainer process (one system-wide monotonic clock). The shm
@@ -30,7 +30,7 @@ the median of ``--repeats`` runs, contenders interleaved so that load changes hi
    ingest via ``/proc/self/clear_refs``), absolute and as a multiple of the buffer size.
 
 The worker that plays the trainer side of (2), (4) and (5) is this module run as
-``python -m trainer.bench --worker SPEC``; it prints one ``@@bench`` JSON line per result.
+``python -m emulator.bench --worker SPEC``; it prints one ``@@bench`` JSON line per result.
 """
 
 from __future__ import annotations
@@ -221,8 +221,8 @@ def _synthetic_replay(step_num: int, seed: int = 0) -> Any:
 
 def _session(replay: Any, cfg: TrainConfig, iteration_num: int = 1_000_000) -> tuple[Any, tuple[bytes, ...]]:
     """(SessionConfig, snapshots) the engine would send for ``cfg`` and ``replay``."""
-    from trainer.emulator.session import EngineTask, SessionSettings, build_session_config
-    from trainer.emulator.tasks import continuous_action_schema, continuous_observation_schema
+    from emulator.session import EngineTask, SessionSettings, build_session_config
+    from emulator.tasks import continuous_action_schema, continuous_observation_schema
 
     task = EngineTask(
         "bench", continuous_observation_schema(cfg.obs_dim), continuous_action_schema(cfg.act_dim), replay
@@ -242,8 +242,8 @@ def _session(replay: Any, cfg: TrainConfig, iteration_num: int = 1_000_000) -> t
 def _make_job(cfg: TrainConfig, rows: int, device: Any, seed: int = 0, compile_step: bool = False) -> Any:
     """A real :class:`TrainingJob` for ``cfg`` on synthetic data (what the trainer builds)."""
     from protocol.snapshot import read_snapshot
+    from trainer.job import TrainingJob
     from trainer.options import TrainerOptions
-    from trainer.training import TrainingJob
 
     replay = _synthetic_replay(rows, seed)
     config, snapshots = _session(replay, cfg)
@@ -259,8 +259,8 @@ def _make_job(cfg: TrainConfig, rows: int, device: Any, seed: int = 0, compile_s
 
 def _trainer_threads(cfg: TrainConfig, override: int) -> int:
     """The intra-op thread count the trainer would use for ``cfg`` (its own heuristic)."""
-    from trainer.loop import _choose_threads  # the trainer's private choice: measure what it does
     from trainer.options import TrainerOptions
+    from trainer.run import _choose_threads  # the trainer's private choice: measure what it does
 
     params = sum(a * b + b for a, b in itertools.pairwise(cfg.layer_widths))
     return _choose_threads(TrainerOptions(threads=override), cfg.batch_size * params)
@@ -268,7 +268,7 @@ def _trainer_threads(cfg: TrainConfig, override: int) -> int:
 
 def _our_step(job: Any) -> Callable[[int], None]:
     """The production step: :meth:`TrainingJob.step` (the fused step where it applies, see
-    :mod:`trainer.fast_step`), loss smoothing included."""
+    :mod:`trainer.steps.fused`), loss smoothing included."""
 
     def step(i: int) -> None:
         job.step(i)
@@ -277,7 +277,7 @@ def _our_step(job: Any) -> Callable[[int], None]:
 
 
 def _autograd_step(job: Any) -> Callable[[int], None]:
-    from trainer.step import train_step
+    from trainer.steps.autograd import train_step
 
     noise = job.config.trainer.training.observation_noise_scale
 
@@ -451,10 +451,10 @@ def measure_training(cfg: TrainConfig, settings: BenchSettings, device: Any) -> 
     other = cores if ours_threads == 1 else 1
     if device.type == "cpu" and other != ours_threads:
         contenders[f"ours_{other}_threads"] = (_our_step(_make_job(cfg, settings.train_rows, device)), other)
-    from trainer.compiled_step import compile_unavailable
+    from trainer.steps.compiled import compile_unavailable
 
     if compile_unavailable(device) is None:
-        # The fused step torch.compile-d (trainer.compiled_step, option compile=on); the first call compiles
+        # The fused step torch.compile-d (trainer.steps.compiled, option compile=on); the first call compiles
         # during the warm-up, so the timed runs see the compiled code only.
         contenders["ours_compiled"] = (
             _our_step(_make_job(cfg, settings.train_rows, device, compile_step=True)),
@@ -599,10 +599,10 @@ def _worker_session(transport: str, spec: Mapping[str, Any]) -> None:
     import torch
 
     from protocol.snapshot import read_snapshot
-    from trainer.loop import _Syncer  # the loop's own export+encode+send (measure what it does)
+    from trainer.job import TrainingJob
+    from trainer.links import ShmTrainerLink, SocketTrainerLink
     from trainer.options import TrainerOptions
-    from trainer.session import ShmTrainerLink, SocketTrainerLink
-    from trainer.training import TrainingJob
+    from trainer.run import _Syncer  # the loop's own export+encode+send (measure what it does)
 
     repeats, nbytes = int(spec["repeats"]), int(spec["nbytes"])
     raw_server: socket.socket | None = None
@@ -664,12 +664,12 @@ class _WorkerProcess:
     """The worker subprocess; a thread collects its ``@@bench`` lines."""
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
-        from trainer.emulator.launch import REPO_ROOT
+        from emulator.launch import REPO_ROOT
 
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer.bench", "--worker", json.dumps(spec)],
+            [sys.executable, "-m", "emulator.bench", "--worker", json.dumps(spec)],
             cwd=str(REPO_ROOT),
             env=env,
             stdin=subprocess.DEVNULL,
@@ -728,7 +728,7 @@ class _WorkerProcess:
 def measure_ipc(settings: BenchSettings, work: Path) -> tuple[dict[str, dict[str, Any]], float]:
     """Sections 2, 4 and 5 for every transport: the engine side runs here, the trainer side in one
     worker process. Returns ``{transport: results}`` and the worker's ``import torch`` seconds."""
-    from trainer.emulator.game import ShmGame
+    from emulator.game import ShmGame
 
     default = TRAIN_CONFIGS[0]
     step_bytes = 4 * (_OBS_DIM + _ACT_DIM)
@@ -788,7 +788,7 @@ def _drive(
     snapshots: tuple[bytes, ...],
 ) -> tuple[list[tuple[float, float]], list[float], list[float]]:
     """The engine's side of one transport's session; returns (rounds, ingest posts, raw starts)."""
-    from trainer.emulator.game import Completed, SocketGame
+    from emulator.game import Completed, SocketGame
 
     alive = lambda: worker.proc.poll() is None  # noqa: E731 - the engine's IsRunning
     ready = worker.wait_for("ready", transport=transport)[0]
@@ -888,8 +888,8 @@ def _transport_results(
 
 
 def _startup_once(work: Path, replay: Any, config: Any, snapshots: tuple[bytes, ...]) -> dict[str, float]:
-    from trainer.emulator.game import Completed, ShmGame
-    from trainer.emulator.launch import EngineLayout, TrainerProcess, make_task_dir, shared_memory_command
+    from emulator.game import Completed, ShmGame
+    from emulator.launch import EngineLayout, TrainerProcess, make_task_dir, shared_memory_command
 
     layout = EngineLayout.create(work)
     task_dir = make_task_dir(layout.intermediate_dir)

@@ -1,6 +1,6 @@
 """The training story, top to bottom (CleanRL style): connect, receive, train, sync, snapshot, finish.
 
-Transport-agnostic: everything the engine sends or receives goes through a :class:`trainer.session`
+Transport-agnostic: everything the engine sends or receives goes through a :class:`trainer.links`
 link. Each section below is short and in execution order; the maths lives in flow/model/step, the bytes
 in protocol/.
 """
@@ -31,7 +31,7 @@ from trainer.trackers import TRACK_EVERY, Trackers
 from trainer.transport.wait import StopRequested
 
 if TYPE_CHECKING:
-    from trainer.training import TrainingJob
+    from trainer.job import TrainingJob
 
 __all__ = ["NETWORK_IDS", "TrainerLinkLike", "choose_device", "run_training"]
 
@@ -140,8 +140,8 @@ def run_training(
 
     ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
     it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`)."""
-    from trainer.session import KeepAlive
-    from trainer.training import TrainingJob
+    from trainer.job import TrainingJob
+    from trainer.links import KeepAlive
 
     status_path = task_dir / STATUS_FILE_NAME if (task_dir is not None and options.status_file) else None
     reporter = ProgressReporter(0, every_s=options.progress_every_seconds, status_path=status_path)

@@ -1,7 +1,7 @@
 """The demo report: a metrics table (Markdown and plain text), ``metrics.json`` and a three-panel PNG.
 
 Input is one :class:`DemoReport` value (plain numbers and arrays, no torch, no processes), so rendering is
-testable on synthetic data and the demo's logic stays in :mod:`trainer.demo`. Files written by
+testable on synthetic data and the demo's logic stays in :mod:`emulator.demo`. Files written by
 :func:`write_report` into the output folder:
 
 * ``report.md``: what ran, the results table, training facts, settings, the figure;
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from trainer.emulator.tasks import Demonstrations
-from trainer.emulator.tasks.avoid import (
+from emulator.tasks import Demonstrations
+from emulator.tasks.avoid import (
     ACT_DIM,
     GAPS,
     GOAL_Y,
@@ -126,7 +126,7 @@ class Trajectories:
         """Recorded expert episodes with their routes.
 
         Demonstrations do not store their route, so each episode's actions are replayed open loop through
-        the same world (:func:`trainer.emulator.tasks.avoid.rollout`) from its first observation: the
+        the same world (:func:`emulator.tasks.avoid.rollout`) from its first observation: the
         task's own crossing rules classify it, rather than a second copy of them here.
         """
         longest = max(int(obs.shape[0]) for obs, _ in demos.episodes)
@@ -155,7 +155,7 @@ class Trajectories:
 @dataclass(frozen=True, slots=True)
 class ResultRow:
     """One line of the results table: a policy, its Euler step count (None for the scripted expert) and
-    the B2 metrics of :meth:`trainer.emulator.tasks.avoid.Rollouts.metrics`."""
+    the B2 metrics of :meth:`emulator.tasks.avoid.Rollouts.metrics`."""
 
     policy: str
     ode_steps: int | None

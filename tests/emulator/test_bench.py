@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trainer.bench import TARGETS, TRAIN_CONFIGS, TrainConfig, bench_command, format_report
+from emulator.bench import TARGETS, TRAIN_CONFIGS, TrainConfig, bench_command, format_report
 
 pytestmark = pytest.mark.slow
 

@@ -60,7 +60,7 @@ from torch import Tensor, nn
 from trainer.data import Batch
 from trainer.flow import TimeDistribution, flow_matching_loss, interpolate
 from trainer.model import FlowModel
-from trainer.step import StepMetrics, apply_gradients, make_optimizer
+from trainer.steps.autograd import StepMetrics, apply_gradients, make_optimizer
 
 __all__ = [
     "EVAL_COST",
@@ -79,7 +79,7 @@ __all__ = [
 
 EVAL_COST = 0.3
 """One gradient-free denoiser evaluation of a full minibatch, in flow-matching iterations (the trainer's
-:func:`trainer.step.train_step`: forward, backward, AdamW, EMA). [INF] Measured ≈ 0.24 on CPU for the
+:func:`trainer.steps.autograd.train_step`: forward, backward, AdamW, EMA). [INF] Measured ≈ 0.24 on CPU for the
 engine's MLP (4 Linear layers of width 256, batch 256, one thread, B1 and B2) and rounded up: many
 separate evaluations fuse worse than one training step. Used only to size the distillation phase
 deterministically (a measured clock would move the phase boundary, and so the weights, from run to run).

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from protocol.schema import parse_schema
-from trainer.emulator.tasks import (
+from emulator.tasks import (
     TASK_NAMES,
     Demonstrations,
     FloatArray,
@@ -18,6 +17,7 @@ from trainer.emulator.tasks import (
     get_task,
     pendulum,
 )
+from protocol.schema import parse_schema
 
 # --------------------------------------------------------------------------------------------------
 # Common
@@ -359,8 +359,8 @@ def test_b3_demonstrations() -> None:
 
 @pytest.mark.parametrize(("name", "chunk"), [("bimodal", 1), ("avoid", 4), ("pendulum", 2)])
 def test_engine_policy_runs_on_every_task(name: str, chunk: int) -> None:
-    from trainer.emulator.inference import EnginePolicy
-    from trainer.emulator.networks import build_flow_matching_networks
+    from emulator.inference import EnginePolicy
+    from protocol.engine.networks import build_flow_matching_networks
 
     task = get_task(name)
     nets = build_flow_matching_networks(
