@@ -1,4 +1,4 @@
-"""Facts about the torch twins of the NNE layers (trainer/nne_torch.py), checked against the numpy oracle."""
+"""Facts about the torch twins of the NNE layers (trainer/nne_torch/), checked against the numpy oracle."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from protocol.nne.layers import (
 from protocol.nne.reference import dequantize_weights, evaluate
 from tests.protocol.test_nne_reference import MASKED_TYPES, SAMPLES, f32, linear, random_tree, sample_input
 from trainer.nne_torch import (
+    MODULE_FACTORIES,
     CompressedLinearModule,
     LinearModule,
     NNEModule,
@@ -40,6 +41,9 @@ from trainer.nne_torch import (
     quantize_weights,
     to_torch,
 )
+from trainer.nne_torch.base import ModuleBuilder
+from trainer.nne_torch.basic import BASIC_MODULES
+from trainer.nne_torch.composite import COMPOSITE_MODULES
 
 ATOL = RTOL = 1e-5
 
@@ -273,6 +277,20 @@ def test_normalisation_statistics_are_buffers_unless_trainable() -> None:
     np.testing.assert_array_equal(rebuilt.mean, [1, 2, 3])
     trainable = to_torch(Normalize(3, layer.mean, layer.std), trainable_normalization=True)
     assert sorted(name for name, _ in trainable.named_parameters()) == ["mean", "std"]
+
+
+def test_every_layer_type_has_one_module_class() -> None:
+    """The face joins the basic and composite tables: together they cover every type, neither twice."""
+    assert set(BASIC_MODULES).isdisjoint(COMPOSITE_MODULES)
+    assert set(MODULE_FACTORIES) == set(LayerType) - {LayerType.INVALID}
+    assert all(MODULE_FACTORIES[kind] is factory for kind, factory in BASIC_MODULES.items())
+    assert all(MODULE_FACTORIES[kind] is factory for kind, factory in COMPOSITE_MODULES.items())
+
+
+def test_a_layer_type_without_a_module_class_is_refused() -> None:
+    film = SAMPLES[LayerType.FILM](np.random.default_rng(0), 2)
+    with pytest.raises(NNEError, match="no torch module"):
+        ModuleBuilder(BASIC_MODULES)(film)
 
 
 def test_from_torch_rejects_a_module_of_another_shape() -> None:

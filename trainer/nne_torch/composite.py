@@ -3,13 +3,14 @@
 Part of :mod:`trainer.nne_torch` (which documents the conventions: ``forward`` (B, input_size) → (B,
 output_size), ``nne_children()``, ``to_layer(template)``); kept apart because these layers hold sub-layers
 at fixed roles and a forward pass of their own. Numerics follow :mod:`protocol.nne.reference` (each class
-names its ``_eval_*`` twin there). Importing this module registers its classes with
-:func:`trainer.nne_torch.to_torch`; :mod:`trainer.nne_torch` imports it, so users never need to.
+names its ``_eval_*`` twin there). :data:`COMPOSITE_MODULES` is this module's part of the layer-type
+table that the package face assembles.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -31,18 +32,19 @@ from protocol.nne.layers import (
     SparseMixtureOfExperts,
 )
 from protocol.nne.reference import PADDING_CIRCULAR, PADDING_ZEROS
-from trainer.nne_torch import (
+from trainer.nne_torch.base import (
+    ModuleBuilder,
+    ModuleFactory,
     NNEModule,
-    _array,
-    _build,
-    _children,
-    _rebuild,
-    _register_modules,
-    _tensor,
     from_torch,
+    nne_modules,
+    rebuild_layers,
+    to_array,
+    to_tensor,
 )
 
 __all__ = [
+    "COMPOSITE_MODULES",
     "AggregateOrExclusiveModule",
     "AggregateOrInclusiveModule",
     "AggregateSetModule",
@@ -60,14 +62,14 @@ __all__ = [
 
 
 class MemoryCellModule(NNEModule):
-    def __init__(self, layer: MemoryCell, trainable: bool) -> None:
+    def __init__(self, layer: MemoryCell, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.n_in, self.n_mem = layer.input_size_, layer.memory_size
-        self.remember_layer = _build(layer.remember_layer, trainable)
-        self.passthrough_layer = _build(layer.passthrough_layer, trainable)
-        self.memory_update_layer = _build(layer.memory_update_layer, trainable)
-        self.output_input_layer = _build(layer.output_input_layer, trainable)
-        self.output_memory_layer = _build(layer.output_memory_layer, trainable)
+        self.remember_layer = build(layer.remember_layer)
+        self.passthrough_layer = build(layer.passthrough_layer)
+        self.memory_update_layer = build(layer.memory_update_layer)
+        self.output_input_layer = build(layer.output_input_layer)
+        self.output_memory_layer = build(layer.output_memory_layer)
 
     def forward(self, x: Tensor) -> Tensor:
         memory = x[:, self.n_in : self.n_in + self.n_mem]
@@ -100,12 +102,12 @@ class MemoryCellModule(NNEModule):
 
 
 class GRUCellModule(NNEModule):
-    def __init__(self, layer: GRUCell, trainable: bool) -> None:
+    def __init__(self, layer: GRUCell, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.n_in, self.n_out = layer.input_size_, layer.output_size_
-        self.remember_layer = _build(layer.remember_layer, trainable)
-        self.update_layer = _build(layer.update_layer, trainable)
-        self.activation_layer = _build(layer.activation_layer, trainable)
+        self.remember_layer = build(layer.remember_layer)
+        self.update_layer = build(layer.update_layer)
+        self.activation_layer = build(layer.activation_layer)
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = x[:, self.n_in : self.n_in + self.n_out]
@@ -152,17 +154,17 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, present: Tensor, heads: int) -> Ten
 
 
 class AggregateSetModule(NNEModule):
-    def __init__(self, layer: AggregateSet, trainable: bool) -> None:
+    def __init__(self, layer: AggregateSet, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.max_element_num = layer.max_element_num
         self.element_input_size = layer.element_input_size
         self.heads = layer.attention_head_num
         self.att = layer.attention_head_num * layer.attention_encoding_size
         self.val = layer.attention_head_num * layer.output_encoding_size
-        self.element_layer = _build(layer.element_layer, trainable)
-        self.query_layer = _build(layer.query_layer, trainable)
-        self.key_layer = _build(layer.key_layer, trainable)
-        self.value_layer = _build(layer.value_layer, trainable)
+        self.element_layer = build(layer.element_layer)
+        self.query_layer = build(layer.query_layer)
+        self.key_layer = build(layer.key_layer)
+        self.value_layer = build(layer.value_layer)
 
     def forward(self, x: Tensor) -> Tensor:
         b, m, e_in = x.shape[0], self.max_element_num, self.element_input_size
@@ -191,13 +193,13 @@ class AggregateSetModule(NNEModule):
 
 
 class AggregateOrExclusiveModule(NNEModule):
-    def __init__(self, layer: AggregateOrExclusive, trainable: bool) -> None:
+    def __init__(self, layer: AggregateOrExclusive, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.input_sizes = list(layer.input_sizes)
         self.region = max(layer.input_sizes, default=0)
         self.encoding_size = layer.output_encoding_size
-        self.sub_layers = nn.ModuleList(_build(sub, trainable) for sub in layer.sub_layers)
-        self.encoder_layers = nn.ModuleList(_build(enc, trainable) for enc in layer.encoder_layers)
+        self.sub_layers = nn.ModuleList(build(sub) for sub in layer.sub_layers)
+        self.encoder_layers = nn.ModuleList(build(enc) for enc in layer.encoder_layers)
 
     def forward(self, x: Tensor) -> Tensor:
         n = len(self.input_sizes)
@@ -214,27 +216,27 @@ class AggregateOrExclusiveModule(NNEModule):
         return torch.cat([out, one_hot], dim=1)
 
     def nne_children(self) -> tuple[NNEModule, ...]:
-        return _children(self.sub_layers) + _children(self.encoder_layers)
+        return nne_modules(self.sub_layers) + nne_modules(self.encoder_layers)
 
     def to_layer(self, template: AggregateOrExclusive) -> Layer:
         return replace(
             template,
-            sub_layers=_rebuild(_children(self.sub_layers), template.sub_layers),
-            encoder_layers=_rebuild(_children(self.encoder_layers), template.encoder_layers),
+            sub_layers=rebuild_layers(nne_modules(self.sub_layers), template.sub_layers),
+            encoder_layers=rebuild_layers(nne_modules(self.encoder_layers), template.encoder_layers),
         )
 
 
 class AggregateOrInclusiveModule(NNEModule):
-    def __init__(self, layer: AggregateOrInclusive, trainable: bool) -> None:
+    def __init__(self, layer: AggregateOrInclusive, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.input_sizes = list(layer.input_sizes)
         self.heads = layer.attention_head_num
         self.att = layer.attention_head_num * layer.attention_encoding_size
         self.val = layer.attention_head_num * layer.output_encoding_size
-        self.sub_layers = nn.ModuleList(_build(sub, trainable) for sub in layer.sub_layers)
-        self.query_layers = nn.ModuleList(_build(q, trainable) for q in layer.query_layers)
-        self.key_layers = nn.ModuleList(_build(k, trainable) for k in layer.key_layers)
-        self.value_layers = nn.ModuleList(_build(v, trainable) for v in layer.value_layers)
+        self.sub_layers = nn.ModuleList(build(sub) for sub in layer.sub_layers)
+        self.query_layers = nn.ModuleList(build(q) for q in layer.query_layers)
+        self.key_layers = nn.ModuleList(build(k) for k in layer.key_layers)
+        self.value_layers = nn.ModuleList(build(v) for v in layer.value_layers)
 
     def forward(self, x: Tensor) -> Tensor:
         b, n = x.shape[0], len(self.input_sizes)
@@ -258,19 +260,19 @@ class AggregateOrInclusiveModule(NNEModule):
 
     def nne_children(self) -> tuple[NNEModule, ...]:
         return (
-            _children(self.sub_layers)
-            + _children(self.query_layers)
-            + _children(self.key_layers)
-            + _children(self.value_layers)
+            nne_modules(self.sub_layers)
+            + nne_modules(self.query_layers)
+            + nne_modules(self.key_layers)
+            + nne_modules(self.value_layers)
         )
 
     def to_layer(self, template: AggregateOrInclusive) -> Layer:
         return replace(
             template,
-            sub_layers=_rebuild(_children(self.sub_layers), template.sub_layers),
-            query_layers=_rebuild(_children(self.query_layers), template.query_layers),
-            key_layers=_rebuild(_children(self.key_layers), template.key_layers),
-            value_layers=_rebuild(_children(self.value_layers), template.value_layers),
+            sub_layers=rebuild_layers(nne_modules(self.sub_layers), template.sub_layers),
+            query_layers=rebuild_layers(nne_modules(self.query_layers), template.query_layers),
+            key_layers=rebuild_layers(nne_modules(self.key_layers), template.key_layers),
+            value_layers=rebuild_layers(nne_modules(self.value_layers), template.value_layers),
         )
 
 
@@ -278,10 +280,10 @@ class SparseMixtureOfExpertsModule(NNEModule):
     """Top-2 gating (reference ``_eval_sparse_moe``). Every expert runs on every row so that the mix is a
     plain differentiable gather; rows are independent, so the values equal the engine's routed evaluation."""
 
-    def __init__(self, layer: SparseMixtureOfExperts, trainable: bool) -> None:
+    def __init__(self, layer: SparseMixtureOfExperts, build: ModuleBuilder) -> None:
         super().__init__(layer)
-        self.gating_layer = _build(layer.gating_layer, trainable)
-        self.expert_layers = nn.ModuleList(_build(e, trainable) for e in layer.expert_layers)
+        self.gating_layer = build(layer.gating_layer)
+        self.expert_layers = nn.ModuleList(build(e) for e in layer.expert_layers)
 
     def forward(self, x: Tensor) -> Tensor:
         if len(self.expert_layers) < 2:
@@ -297,24 +299,24 @@ class SparseMixtureOfExpertsModule(NNEModule):
         return weights[:, :1] * y0 + weights[:, 1:] * y1
 
     def nne_children(self) -> tuple[NNEModule, ...]:
-        return (self.gating_layer, *_children(self.expert_layers))
+        return (self.gating_layer, *nne_modules(self.expert_layers))
 
     def to_layer(self, template: SparseMixtureOfExperts) -> Layer:
         return replace(
             template,
             gating_layer=from_torch(self.gating_layer, template.gating_layer),
-            expert_layers=_rebuild(_children(self.expert_layers), template.expert_layers),
+            expert_layers=rebuild_layers(nne_modules(self.expert_layers), template.expert_layers),
         )
 
 
 class FiLMModule(NNEModule):
-    def __init__(self, layer: FiLM, trainable: bool) -> None:
+    def __init__(self, layer: FiLM, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.p_in, self.p_out = layer.prefix_input_size, layer.prefix_output_size
         self.c_in = layer.condition_input_size
-        self.prefix_layer = _build(layer.prefix_layer, trainable)
-        self.condition_layer = _build(layer.condition_layer, trainable)
-        self.postfix_layer = _build(layer.postfix_layer, trainable)
+        self.prefix_layer = build(layer.prefix_layer)
+        self.condition_layer = build(layer.condition_layer)
+        self.postfix_layer = build(layer.postfix_layer)
 
     def forward(self, x: Tensor) -> Tensor:
         prefix = self.prefix_layer(x[:, : self.p_in])
@@ -341,7 +343,7 @@ class FiLMModule(NNEModule):
 class Conv1dModule(NNEModule):
     pad_index: Tensor
 
-    def __init__(self, layer: Conv1d, trainable: bool) -> None:
+    def __init__(self, layer: Conv1d, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.in_channels, self.length, self.padding = layer.in_channels, layer.input_length, layer.padding
         if layer.kernel_size < 1 or layer.output_length < 1:
@@ -353,11 +355,11 @@ class Conv1dModule(NNEModule):
                 "unsupported Conv1d padding mode", field="Conv1d.padding_mode", actual=layer.padding_mode
             )
         self.circular = layer.padding_mode == PADDING_CIRCULAR
-        self.weight = nn.Parameter(_tensor(layer.weights))  # (Out, In, K): the engine's order is torch's
-        self.bias = nn.Parameter(_tensor(layer.bias))
+        self.weight = nn.Parameter(to_tensor(layer.weights))  # (Out, In, K): the engine's order is torch's
+        self.bias = nn.Parameter(to_tensor(layer.bias))
         index = (torch.arange(self.length + 2 * self.padding) - self.padding) % max(self.length, 1)
         self.register_buffer("pad_index", index, persistent=False)
-        self.layer = _build(layer.layer, trainable)
+        self.layer = build(layer.layer)
 
     def forward(self, x: Tensor) -> Tensor:
         z = self.layer(x).reshape(x.shape[0], self.in_channels, self.length)
@@ -372,14 +374,14 @@ class Conv1dModule(NNEModule):
     def to_layer(self, template: Conv1d) -> Layer:
         return replace(
             template,
-            weights=_array(self.weight),
-            bias=_array(self.bias),
+            weights=to_array(self.weight),
+            bias=to_array(self.bias),
             layer=from_torch(self.layer, template.layer),
         )
 
 
 class Conv2dModule(NNEModule):
-    def __init__(self, layer: Conv2d, trainable: bool) -> None:
+    def __init__(self, layer: Conv2d, build: ModuleBuilder) -> None:
         super().__init__(layer)
         k, s, p = layer.kernel_size, layer.stride, layer.padding
         if layer.padding_mode != PADDING_ZEROS:
@@ -390,9 +392,9 @@ class Conv2dModule(NNEModule):
             raise NNEError("Conv2d kernel/stride do not fit the padded input", field="Conv2d.kernel_size")
         self.in_shape = (layer.in_channels, layer.input_height, layer.input_width)
         self.stride, self.padding = s, p
-        self.weight = nn.Parameter(_tensor(layer.weights))  # (Out, In, K, K), torch's layout too
-        self.bias = nn.Parameter(_tensor(layer.bias))
-        self.layer = _build(layer.layer, trainable)
+        self.weight = nn.Parameter(to_tensor(layer.weights))  # (Out, In, K, K), torch's layout too
+        self.bias = nn.Parameter(to_tensor(layer.bias))
+        self.layer = build(layer.layer)
 
     def forward(self, x: Tensor) -> Tensor:
         z = self.layer(x).reshape(x.shape[0], *self.in_shape)
@@ -405,22 +407,25 @@ class Conv2dModule(NNEModule):
     def to_layer(self, template: Conv2d) -> Layer:
         return replace(
             template,
-            weights=_array(self.weight),
-            bias=_array(self.bias),
+            weights=to_array(self.weight),
+            bias=to_array(self.bias),
             layer=from_torch(self.layer, template.layer),
         )
 
 
-_register_modules(
-    {
-        LayerType.MEMORY_CELL: MemoryCellModule,
-        LayerType.AGGREGATE_SET: AggregateSetModule,
-        LayerType.AGGREGATE_OR_EXCLUSIVE: AggregateOrExclusiveModule,
-        LayerType.AGGREGATE_OR_INCLUSIVE: AggregateOrInclusiveModule,
-        LayerType.SPARSE_MIXTURE_OF_EXPERTS: SparseMixtureOfExpertsModule,
-        LayerType.FILM: FiLMModule,
-        LayerType.GRU_CELL: GRUCellModule,
-        LayerType.CONV1D: Conv1dModule,
-        LayerType.CONV2D: Conv2dModule,
-    }
-)
+# --------------------------------------------------------------------------------------------------
+# The composite part of the layer-type table
+
+
+COMPOSITE_MODULES: Mapping[LayerType, ModuleFactory] = {
+    LayerType.MEMORY_CELL: MemoryCellModule,
+    LayerType.AGGREGATE_SET: AggregateSetModule,
+    LayerType.AGGREGATE_OR_EXCLUSIVE: AggregateOrExclusiveModule,
+    LayerType.AGGREGATE_OR_INCLUSIVE: AggregateOrInclusiveModule,
+    LayerType.SPARSE_MIXTURE_OF_EXPERTS: SparseMixtureOfExpertsModule,
+    LayerType.FILM: FiLMModule,
+    LayerType.GRU_CELL: GRUCellModule,
+    LayerType.CONV1D: Conv1dModule,
+    LayerType.CONV2D: Conv2dModule,
+}
+"""Module class per composite layer type."""

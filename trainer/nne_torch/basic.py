@@ -1,37 +1,14 @@
-"""NNE layer trees as differentiable torch modules, and back (spec §6.2, §6.3, §10).
+"""Torch twins of the basic NNE layers: containers, affine maps and element-wise functions (spec §6.2, §10).
 
-``to_torch(layer)`` builds a module tree that mirrors the layer tree one to one; ``from_torch(module,
-template)`` builds a new layer tree with the template's structure and the module's current values. The
-numerics are those of :mod:`protocol.nne.reference` (the numpy oracle, which documents every operator and
-the [INF] choices); the tests check the two against each other for every layer type.
-
-Every module is an :class:`NNEModule` with ``layer_type``, ``input_size`` and ``output_size`` (the layer's
-widths, which are the engine's) and ``nne_children()`` (sub-modules in serialisation order).
-``forward`` takes ``(B, input_size)`` and returns ``(B, output_size)``; it is dtype-agnostic (float32 for
-training, float64 works for checks) and device-agnostic.
-
-Parameters and buffers:
-
-- Linear / LipschiztLinear / CompressedLinear: ``weight`` (Out, In), i.e. **Wᵀ in torch layout**, and
-  ``bias`` (Out,), both Parameters, evaluated with ``F.linear``. CompressedLinear is trained in float (the
-  weights dequantised) and re-quantised by ``from_torch``.
-- MultiLinear: ``weight`` (Blocks, In, Out) and ``bias`` (Blocks, Out), engine layout.
-- PReLU ``alpha``; LayerNorm ``scale`` and ``offset``; Conv ``weight`` (Out, In, K[, K]) and ``bias``:
-  Parameters. Conv weights keep the layer value's shape, which is also torch's conv layout.
-- Normalize / Denormalize ``mean`` and ``std``: buffers, or Parameters with ``trainable_normalization``.
-- Clamp ``min`` / ``max``: buffers.
-
-Round trip: ``from_torch(to_torch(l), l)`` is bitwise equal to ``l``. For an untouched CompressedLinear the
-original quantised bytes are kept (re-quantising would not reproduce them).
-
-This module holds the entry points, the base class and the modules of the containers, affine and
-element-wise layers; the composite layers (recurrent cells, aggregates, mixtures, FiLM, convolutions) are in
-:mod:`trainer.nne_torch_composite`, imported at the end of this module.
+Part of :mod:`trainer.nne_torch`, whose docstring gives the conventions (``forward`` (B, input_size) →
+(B, output_size), parameters in torch layout, the round trip). Numerics follow
+:mod:`protocol.nne.reference`, the numpy oracle. :data:`BASIC_MODULES` is this module's part of the
+layer-type table that the package face assembles.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -41,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from protocol.errors import NNEError
 from protocol.nne.layers import (
     Array,
     Clamp,
@@ -63,68 +39,48 @@ from protocol.nne.layers import (
     Tile,
 )
 from protocol.nne.reference import GELU_SIGMOID_SCALE, dequantize_weights
+from trainer.nne_torch.base import (
+    ModuleBuilder,
+    ModuleFactory,
+    NNEModule,
+    from_torch,
+    nne_modules,
+    rebuild_layers,
+    to_array,
+    to_tensor,
+    vector_state,
+)
 
 __all__ = [
+    "BASIC_MODULES",
+    "ArrayModule",
+    "ClampModule",
     "CompressedLinearModule",
+    "ConcatModule",
+    "CopyModule",
+    "DenormalizeModule",
+    "ELUModule",
+    "GELUModule",
+    "LayerNormModule",
     "LinearModule",
-    "NNEModule",
-    "from_torch",
+    "LipschiztLinearModule",
+    "MultiLinearModule",
+    "NormalizeModule",
+    "PReLUModule",
+    "ReLUModule",
+    "ResidualModule",
+    "SequenceModule",
+    "SliceModule",
+    "SoftmaxModule",
+    "SpreadModule",
+    "TanHModule",
+    "TileModule",
     "iter_linear_layers",
     "quantize_weights",
-    "to_torch",
 ]
 
 #: Largest uint16 code of a CompressedLinear weight.
 _Q_MAX = 65535
-
-
-def _tensor(array: npt.NDArray[Any]) -> Tensor:
-    # torch.tensor copies: training must never write into the (frozen) layer value's arrays.
-    return torch.tensor(np.ascontiguousarray(array))
-
-
-def _array(t: Tensor) -> npt.NDArray[np.float32]:
-    # Copy out of the tensor: the returned layer must not change when training continues.
-    return np.array(t.detach().to(device="cpu", dtype=torch.float32).numpy(), dtype=np.float32, copy=True)
-
-
-def _vector_state(module: nn.Module, name: str, values: npt.NDArray[np.float32], trainable: bool) -> None:
-    if trainable:
-        module.register_parameter(name, nn.Parameter(_tensor(values)))
-    else:
-        module.register_buffer(name, _tensor(values))
-
-
-class NNEModule(nn.Module):
-    """Base of every module built by :func:`to_torch`: knows its layer type and engine widths."""
-
-    layer_type: LayerType
-    input_size: int
-    output_size: int
-
-    def __init__(self, layer: Layer) -> None:
-        super().__init__()
-        self.layer_type = LayerType(layer.type_id)
-        self.input_size, self.output_size = layer.input_size, layer.output_size
-
-    def nne_children(self) -> tuple[NNEModule, ...]:
-        """Sub-modules in the order :func:`protocol.nne.layers.children` lists the sub-layers."""
-        return ()
-
-    def to_layer(self, template: Any) -> Layer:
-        """A new layer like ``template`` holding this module's current values (see :func:`from_torch`)."""
-        raise NotImplementedError
-
-    def extra_repr(self) -> str:
-        return f"in={self.input_size}, out={self.output_size}"
-
-
-def _children(modules: nn.ModuleList) -> tuple[NNEModule, ...]:
-    return tuple(m for m in modules if isinstance(m, NNEModule))
-
-
-def _rebuild(modules: tuple[NNEModule, ...], templates: tuple[Layer, ...]) -> tuple[Layer, ...]:
-    return tuple(from_torch(m, t) for m, t in zip(modules, templates, strict=True))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -132,9 +88,9 @@ def _rebuild(modules: tuple[NNEModule, ...], templates: tuple[Layer, ...]) -> tu
 
 
 class SequenceModule(NNEModule):
-    def __init__(self, layer: Sequence, trainable: bool) -> None:
+    def __init__(self, layer: Sequence, build: ModuleBuilder) -> None:
         super().__init__(layer)
-        self.layers = nn.ModuleList(_build(sub, trainable) for sub in layer.layers)
+        self.layers = nn.ModuleList(build(sub) for sub in layer.layers)
 
     def forward(self, x: Tensor) -> Tensor:
         for module in self.layers:
@@ -142,17 +98,17 @@ class SequenceModule(NNEModule):
         return x
 
     def nne_children(self) -> tuple[NNEModule, ...]:
-        return _children(self.layers)
+        return nne_modules(self.layers)
 
     def to_layer(self, template: Sequence) -> Layer:
-        return replace(template, layers=_rebuild(self.nne_children(), template.layers))
+        return replace(template, layers=rebuild_layers(self.nne_children(), template.layers))
 
 
 class ConcatModule(NNEModule):
-    def __init__(self, layer: Concat, trainable: bool) -> None:
+    def __init__(self, layer: Concat, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.splits = list(layer.input_sizes)
-        self.layers = nn.ModuleList(_build(sub, trainable) for sub in layer.layers)
+        self.layers = nn.ModuleList(build(sub) for sub in layer.layers)
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.splits:
@@ -161,19 +117,19 @@ class ConcatModule(NNEModule):
         return torch.cat([module(part) for module, part in zip(self.layers, parts, strict=True)], dim=1)
 
     def nne_children(self) -> tuple[NNEModule, ...]:
-        return _children(self.layers)
+        return nne_modules(self.layers)
 
     def to_layer(self, template: Concat) -> Layer:
-        return replace(template, layers=_rebuild(self.nne_children(), template.layers))
+        return replace(template, layers=rebuild_layers(self.nne_children(), template.layers))
 
 
 class ArrayModule(NNEModule):
-    def __init__(self, layer: Array, trainable: bool) -> None:
+    def __init__(self, layer: Array, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.element_num = layer.element_num
         self.element_input_size = layer.element_input_size
         self.element_output_size = layer.element_output_size
-        self.layer = _build(layer.layer, trainable)
+        self.layer = build(layer.layer)
 
     def forward(self, x: Tensor) -> Tensor:
         b = x.shape[0]
@@ -188,9 +144,9 @@ class ArrayModule(NNEModule):
 
 
 class SpreadModule(NNEModule):
-    def __init__(self, layer: Spread, trainable: bool) -> None:
+    def __init__(self, layer: Spread, build: ModuleBuilder) -> None:
         super().__init__(layer)
-        self.layers = nn.ModuleList(_build(sub, trainable) for sub in layer.layers)
+        self.layers = nn.ModuleList(build(sub) for sub in layer.layers)
 
     def forward(self, x: Tensor) -> Tensor:
         if len(self.layers) == 0:
@@ -198,16 +154,16 @@ class SpreadModule(NNEModule):
         return torch.cat([module(x) for module in self.layers], dim=1)
 
     def nne_children(self) -> tuple[NNEModule, ...]:
-        return _children(self.layers)
+        return nne_modules(self.layers)
 
     def to_layer(self, template: Spread) -> Layer:
-        return replace(template, layers=_rebuild(self.nne_children(), template.layers))
+        return replace(template, layers=rebuild_layers(self.nne_children(), template.layers))
 
 
 class ResidualModule(NNEModule):
-    def __init__(self, layer: Residual, trainable: bool) -> None:
+    def __init__(self, layer: Residual, build: ModuleBuilder) -> None:
         super().__init__(layer)
-        self.layer = _build(layer.layer, trainable)
+        self.layer = build(layer.layer)
 
     def forward(self, x: Tensor) -> Tensor:
         y: Tensor = self.layer(x)
@@ -228,32 +184,32 @@ class NormalizeModule(NNEModule):
     mean: Tensor
     std: Tensor
 
-    def __init__(self, layer: Normalize, trainable: bool) -> None:
+    def __init__(self, layer: Normalize, build: ModuleBuilder) -> None:
         super().__init__(layer)
-        _vector_state(self, "mean", layer.mean, trainable)
-        _vector_state(self, "std", layer.std, trainable)
+        vector_state(self, "mean", layer.mean, build.trainable_normalization)
+        vector_state(self, "std", layer.std, build.trainable_normalization)
 
     def forward(self, x: Tensor) -> Tensor:
         return (x - self.mean) / self.std
 
     def to_layer(self, template: Normalize) -> Layer:
-        return replace(template, mean=_array(self.mean), std=_array(self.std))
+        return replace(template, mean=to_array(self.mean), std=to_array(self.std))
 
 
 class DenormalizeModule(NNEModule):
     mean: Tensor
     std: Tensor
 
-    def __init__(self, layer: Denormalize, trainable: bool) -> None:
+    def __init__(self, layer: Denormalize, build: ModuleBuilder) -> None:
         super().__init__(layer)
-        _vector_state(self, "mean", layer.mean, trainable)
-        _vector_state(self, "std", layer.std, trainable)
+        vector_state(self, "mean", layer.mean, build.trainable_normalization)
+        vector_state(self, "std", layer.std, build.trainable_normalization)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.addcmul(self.mean, x, self.std)  # mean + x · std in one kernel
 
     def to_layer(self, template: Denormalize) -> Layer:
-        return replace(template, mean=_array(self.mean), std=_array(self.std))
+        return replace(template, mean=to_array(self.mean), std=to_array(self.std))
 
 
 class _AffineModule(NNEModule):
@@ -261,35 +217,35 @@ class _AffineModule(NNEModule):
 
     def __init__(self, layer: Layer, weights: npt.NDArray[np.float32], bias: npt.NDArray[np.float32]) -> None:
         super().__init__(layer)
-        self.weight = nn.Parameter(_tensor(weights.T))
-        self.bias = nn.Parameter(_tensor(bias))
+        self.weight = nn.Parameter(to_tensor(weights.T))
+        self.bias = nn.Parameter(to_tensor(bias))
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
 
     def weights_in_engine_layout(self) -> npt.NDArray[np.float32]:
         """The current weights as the engine stores them: (In, Out) float32."""
-        return np.ascontiguousarray(_array(self.weight).T)
+        return np.ascontiguousarray(to_array(self.weight).T)
 
 
 class LinearModule(_AffineModule):
     """A Linear layer. ``weight`` is Wᵀ, shape (Out, In); the layer value's ``weights`` is W, (In, Out)."""
 
-    def __init__(self, layer: Linear, trainable: bool) -> None:
+    def __init__(self, layer: Linear, build: ModuleBuilder) -> None:
         super().__init__(layer, layer.weights, layer.bias)
 
     def to_layer(self, template: Linear) -> Layer:
-        return replace(template, weights=self.weights_in_engine_layout(), bias=_array(self.bias))
+        return replace(template, weights=self.weights_in_engine_layout(), bias=to_array(self.bias))
 
 
 class LipschiztLinearModule(_AffineModule):
     """Same operator as Linear; the stored weights are used as they are (no Lipschitz re-normalisation)."""
 
-    def __init__(self, layer: LipschiztLinear, trainable: bool) -> None:
+    def __init__(self, layer: LipschiztLinear, build: ModuleBuilder) -> None:
         super().__init__(layer, layer.weights, layer.bias)
 
     def to_layer(self, template: LipschiztLinear) -> Layer:
-        return replace(template, weights=self.weights_in_engine_layout(), bias=_array(self.bias))
+        return replace(template, weights=self.weights_in_engine_layout(), bias=to_array(self.bias))
 
 
 def quantize_weights(
@@ -317,12 +273,12 @@ def quantize_weights(
 class CompressedLinearModule(_AffineModule):
     """Trains the dequantised float weights; :meth:`to_layer` re-quantises them (same byte layout)."""
 
-    def __init__(self, layer: CompressedLinear, trainable: bool) -> None:
+    def __init__(self, layer: CompressedLinear, build: ModuleBuilder) -> None:
         super().__init__(layer, dequantize_weights(layer), layer.bias)
 
     def to_layer(self, template: CompressedLinear) -> Layer:
         weights = self.weights_in_engine_layout()
-        bias = _array(self.bias)
+        bias = to_array(self.bias)
         if np.array_equal(weights, dequantize_weights(template)):
             # Untouched: keep the received bytes (their offsets/scales need not follow our scheme).
             return replace(template, bias=bias)
@@ -331,13 +287,13 @@ class CompressedLinearModule(_AffineModule):
 
 
 class MultiLinearModule(NNEModule):
-    def __init__(self, layer: MultiLinear, trainable: bool) -> None:
+    def __init__(self, layer: MultiLinear, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.block_num = layer.block_num
         self.block_input_size = layer.block_input_size
         self.block_output_size = layer.block_output_size
-        self.weight = nn.Parameter(_tensor(layer.weights))  # (Blocks, In, Out), engine layout
-        self.bias = nn.Parameter(_tensor(layer.bias))  # (Blocks, Out)
+        self.weight = nn.Parameter(to_tensor(layer.weights))  # (Blocks, In, Out), engine layout
+        self.bias = nn.Parameter(to_tensor(layer.bias))  # (Blocks, Out)
 
     def forward(self, x: Tensor) -> Tensor:
         b = x.shape[0]
@@ -346,7 +302,7 @@ class MultiLinearModule(NNEModule):
         return y.reshape(b, self.block_num * self.block_output_size)
 
     def to_layer(self, template: MultiLinear) -> Layer:
-        return replace(template, weights=_array(self.weight), bias=_array(self.bias))
+        return replace(template, weights=to_array(self.weight), bias=to_array(self.bias))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -354,7 +310,7 @@ class MultiLinearModule(NNEModule):
 
 
 class _StatelessModule(NNEModule):
-    def __init__(self, layer: Layer, trainable: bool) -> None:
+    def __init__(self, layer: Layer, build: ModuleBuilder) -> None:
         super().__init__(layer)
 
     def to_layer(self, template: Any) -> Layer:
@@ -393,8 +349,8 @@ class SoftmaxModule(_StatelessModule):
 
 
 class TileModule(_StatelessModule):
-    def __init__(self, layer: Tile, trainable: bool) -> None:
-        super().__init__(layer, trainable)
+    def __init__(self, layer: Tile, build: ModuleBuilder) -> None:
+        super().__init__(layer, build)
         self.repeats = layer.repeats
 
     def forward(self, x: Tensor) -> Tensor:
@@ -402,8 +358,8 @@ class TileModule(_StatelessModule):
 
 
 class SliceModule(_StatelessModule):
-    def __init__(self, layer: Slice, trainable: bool) -> None:
-        super().__init__(layer, trainable)
+    def __init__(self, layer: Slice, build: ModuleBuilder) -> None:
+        super().__init__(layer, build)
         self.start = layer.slice_offset
         self.stop = layer.slice_offset + layer.slice_size
 
@@ -412,41 +368,41 @@ class SliceModule(_StatelessModule):
 
 
 class PReLUModule(NNEModule):
-    def __init__(self, layer: PReLU, trainable: bool) -> None:
+    def __init__(self, layer: PReLU, build: ModuleBuilder) -> None:
         super().__init__(layer)
-        self.alpha = nn.Parameter(_tensor(layer.alpha))
+        self.alpha = nn.Parameter(to_tensor(layer.alpha))
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.where(x > 0, x, self.alpha * x)
 
     def to_layer(self, template: PReLU) -> Layer:
-        return replace(template, alpha=_array(self.alpha))
+        return replace(template, alpha=to_array(self.alpha))
 
 
 class ClampModule(NNEModule):
     min: Tensor
     max: Tensor
 
-    def __init__(self, layer: Clamp, trainable: bool) -> None:
+    def __init__(self, layer: Clamp, build: ModuleBuilder) -> None:
         super().__init__(layer)
-        self.register_buffer("min", _tensor(layer.min))
-        self.register_buffer("max", _tensor(layer.max))
+        self.register_buffer("min", to_tensor(layer.min))
+        self.register_buffer("max", to_tensor(layer.max))
 
     def forward(self, x: Tensor) -> Tensor:
         # FMath::Clamp order (min wins when min > max), unlike torch.clamp.
         return torch.where(x < self.min, self.min, torch.where(x < self.max, x, self.max))
 
     def to_layer(self, template: Clamp) -> Layer:
-        return replace(template, min=_array(self.min), max=_array(self.max))
+        return replace(template, min=to_array(self.min), max=to_array(self.max))
 
 
 class LayerNormModule(NNEModule):
-    def __init__(self, layer: LayerNorm, trainable: bool) -> None:
+    def __init__(self, layer: LayerNorm, build: ModuleBuilder) -> None:
         super().__init__(layer)
         self.size = layer.size
         self.epsilon = float(layer.epsilon)
-        self.offset = nn.Parameter(_tensor(layer.offset))
-        self.scale = nn.Parameter(_tensor(layer.scale))
+        self.offset = nn.Parameter(to_tensor(layer.offset))
+        self.scale = nn.Parameter(to_tensor(layer.scale))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.size == 0:
@@ -455,17 +411,14 @@ class LayerNormModule(NNEModule):
         return F.layer_norm(x, (self.size,), self.scale, self.offset, self.epsilon)
 
     def to_layer(self, template: LayerNorm) -> Layer:
-        return replace(template, offset=_array(self.offset), scale=_array(self.scale))
+        return replace(template, offset=to_array(self.offset), scale=to_array(self.scale))
 
 
 # --------------------------------------------------------------------------------------------------
-# Entry points
+# The basic part of the layer-type table
 
 
-_ModuleFactory = Callable[[Any, bool], NNEModule]
-"""Builds the module of one layer: (layer value, trainable normalisation) -> module."""
-
-_MODULES: dict[LayerType, _ModuleFactory] = {
+BASIC_MODULES: Mapping[LayerType, ModuleFactory] = {
     LayerType.SEQUENCE: SequenceModule,
     LayerType.NORMALIZE: NormalizeModule,
     LayerType.DENORMALIZE: DenormalizeModule,
@@ -489,45 +442,7 @@ _MODULES: dict[LayerType, _ModuleFactory] = {
     LayerType.RESIDUAL: ResidualModule,
     LayerType.SOFTMAX: SoftmaxModule,
 }
-"""Module class per layer type; :mod:`trainer.nne_torch_composite` adds the composite types on import."""
-
-
-def _register_modules(factories: Mapping[LayerType, _ModuleFactory]) -> None:
-    """Adds the module factories of more layer types (called by :mod:`trainer.nne_torch_composite`)."""
-    _MODULES.update(factories)
-
-
-def _build(layer: Layer, trainable: bool) -> NNEModule:
-    factory = _MODULES.get(layer.type_id)
-    if factory is None:
-        raise NNEError("no torch module for this layer type", field="layer.type_id", actual=layer.type_id)
-    return factory(layer, trainable)
-
-
-def to_torch(layer: Layer, *, trainable_normalization: bool = False) -> NNEModule:
-    """A module tree mirroring ``layer`` (its arrays copied). ``forward``: (B, In) → (B, Out).
-
-    With ``trainable_normalization`` the Normalize/Denormalize mean and std are Parameters, otherwise
-    buffers (still written back by :func:`from_torch`, so statistics set on them are kept).
-    """
-    return _build(layer, trainable_normalization)
-
-
-def from_torch(module: nn.Module, template: Layer) -> Layer:
-    """A new layer tree shaped like ``template`` holding ``module``'s current values as float32 copies.
-
-    ``module`` must be the tree :func:`to_torch` built from a layer of the same structure. Untouched values
-    come back bitwise identical; trained CompressedLinear weights are re-quantised (:func:`quantize_weights`).
-    """
-    if not isinstance(module, NNEModule) or module.layer_type != template.type_id:
-        actual = getattr(module, "layer_type", type(module).__name__)
-        raise NNEError(
-            "the module tree does not mirror the template layer",
-            field="module",
-            expected=LayerType(template.type_id).name,
-            actual=str(actual),
-        )
-    return module.to_layer(template)
+"""Module class per basic layer type."""
 
 
 def iter_linear_layers(module: nn.Module) -> Iterator[LinearModule]:
@@ -540,10 +455,3 @@ def iter_linear_layers(module: nn.Module) -> Iterator[LinearModule]:
     if isinstance(module, NNEModule):
         for child in module.nne_children():
             yield from iter_linear_layers(child)
-
-
-# The composite modules subclass NNEModule and build their children with _build, so their module imports
-# this one and can only run once everything above exists; it registers its classes in _MODULES when it is
-# imported. Importing it here, last, makes every layer type available after `import trainer.nne_torch`,
-# and works in either import order (whichever module starts first, both are complete before it returns).
-from trainer import nne_torch_composite  # noqa: E402, F401
