@@ -24,6 +24,7 @@ from protocol.config import (
     check_shared_memory_config,
     data_config_to_json,
     dump_json,
+    engine_json_bytes,
     model_config_to_json,
     parse_data_config,
     parse_json,
@@ -477,6 +478,21 @@ def test_parse_json_depth_limit() -> None:
     assert "deeper" in str(_raises(parse_json, deeper, "x"))
     very_deep = b"[" * 100000 + b"]" * 100000
     assert "deeper" in str(_raises(parse_json, very_deep, "x"))
+
+
+def test_engine_json_is_tab_indented_and_files_are_ascii_or_utf16_with_bom() -> None:
+    assert dump_json({"a": 1}) == engine_json_bytes({"a": 1}) == b'{\n\t"a": 1\n}'
+    path = {"TempDirectory": "C:/Projekt/Überall"}
+    assert dump_json(path) == '{\n\t"TempDirectory": "C:/Projekt/Überall"\n}'.encode()  # the socket: UTF-8
+    raw = engine_json_bytes(path)  # a file: UE's writer falls back to UTF-16LE with a BOM
+    assert raw.startswith(codecs.BOM_UTF16_LE)
+    assert parse_json(raw, "trainer-config.json") == parse_json(dump_json(path), "socket") == path
+
+
+@pytest.mark.parametrize("encode", [dump_json, engine_json_bytes])
+def test_engine_json_encoders_refuse_what_the_engine_never_writes(encode: Any) -> None:
+    with pytest.raises(ValueError):
+        encode({"LearningRate": float("nan")})
 
 
 # --------------------------------------------------------------------------------------------------
