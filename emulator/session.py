@@ -33,9 +33,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from emulator.drive import Ending, TrainingStalled, begin_training, tick_until_end
 from emulator.game import (
     DEFAULT_ENGINE_TIMEOUT_S,
-    Completed,
     EngineFailure,
     FileExport,
     ReceivedNetwork,
@@ -459,7 +459,7 @@ class _Session:
                 self._run_file(config, snapshots)
             else:
                 self._run_live(config, snapshots)
-        except (EngineFailure, _HarnessFailure) as exc:
+        except (EngineFailure, TrainingStalled, _HarnessFailure) as exc:
             record.failure = str(exc)
         except Exception as exc:  # a bug in the harness or a peer we did not foresee: still clean up
             record.failure = f"{type(exc).__name__}: {exc}"
@@ -525,8 +525,7 @@ class _Session:
             time.sleep(s.config_delay_s)
             game = SocketGame.connect("127.0.0.1", port, timeout=s.engine_timeout_s, process_alive=proc.alive)
             self.game = game
-        game.begin(config)
-        self._play(game, snapshots)
+        self._play(game, config, snapshots)
 
     def _attach(self) -> ShmGame:
         s = self.settings
@@ -559,61 +558,42 @@ class _Session:
     def _note(self, what: str) -> None:
         self.record.engine_events.append((self.now(), what))
 
-    def _play(self, game: ShmGame | SocketGame, snapshots: tuple[bytes, ...]) -> None:
-        """BeginTraining's sends, then the tick loop until Completed or Stop (§7.1)."""
+    def _play(self, game: ShmGame | SocketGame, config: SessionConfig, snapshots: tuple[bytes, ...]) -> None:
+        """BeginTraining, then the tick loop until Completed or Stop (§7.1), recorded."""
         s = self.settings
         record = self.record
         proc = self.proc
         assert proc is not None  # every live mode spawned it first
-        for network_id, data in enumerate(snapshots):
-            game.send_network(network_id, data)
+
+        def network_sent(network_id: int) -> None:
             record.network_send_order.append(network_id)
             self._note(f"network {network_id} sent")
             if isinstance(game, ShmGame) and network_id == 0:
                 record.config_signal_after_first_request = game.control(Control.CONFIG_SIGNAL)
-        game.send_experience(self.task.replay_buffer)
+
+        def round_received(networks: tuple[ReceivedNetwork, ...]) -> None:
+            record.rounds.append(RoundRecord(len(record.rounds), self.now(), networks))
+            self._note(f"round {len(record.rounds)} received")
+            if isinstance(game, ShmGame) and len(record.rounds) == 1:
+                record.experience_signal_at_first_round = game.control(Control.EXPERIENCE_SIGNAL)
+
+        begin_training(game, config, snapshots, self.task.replay_buffer, after_network=network_sent)
         self._note("experience sent")
-        deadline = time.monotonic() + s.session_timeout_s
-        while True:
-            if game.has_network_or_completed():
-                result = game.receive_round()
-                if isinstance(result, Completed):
-                    record.completed = True
-                    self.ended_at = time.monotonic()
-                    self._note("Completed")
-                    break
-                record.rounds.append(RoundRecord(len(record.rounds), self.now(), result))
-                self._note(f"round {len(record.rounds)} received")
-                if isinstance(game, ShmGame) and len(record.rounds) == 1:
-                    record.experience_signal_at_first_round = game.control(Control.EXPERIENCE_SIGNAL)
-                if s.stop_after_rounds is not None and len(record.rounds) >= s.stop_after_rounds:
-                    game.stop()
-                    record.stop_sent = True
-                    self.ended_at = time.monotonic()
-                    self._note("Stop sent")
-                    break
-            elif isinstance(game, SocketGame) and game.peer_closed:
-                raise _HarnessFailure(
-                    "the trainer closed the connection without sending Complete; the engine's tick peek sees "
-                    "no data and would wait for networks forever"
-                )
-            elif not proc.alive() and not game.has_network_or_completed():
-                # Shared memory would still take a pending Complete (re-checked above); the socket
-                # ignores it once the process is gone (§10 item 7).
-                raise _HarnessFailure(
-                    f"the trainer exited with code {proc.returncode} without completing; the engine would "
-                    "wait for networks that never come"
-                    + (
-                        " (a Complete sent just before exiting is ignored over the socket, §10 item 7)"
-                        if isinstance(game, SocketGame)
-                        else ""
-                    )
-                )
-            if time.monotonic() > deadline:
-                raise _HarnessFailure(
-                    f"no Complete within {s.session_timeout_s:g} s ({len(record.rounds)} rounds)"
-                )
-            time.sleep(s.tick_s)
+        ended = tick_until_end(
+            game,
+            tick_s=s.tick_s,
+            on_round=round_received,
+            stop_after_rounds=s.stop_after_rounds,
+            timeout_s=s.session_timeout_s,
+            trainer=proc,
+        )
+        self.ended_at = ended.at
+        if ended.how is Ending.COMPLETED:
+            record.completed = True
+            self._note("Completed")
+        else:
+            record.stop_sent = True
+            self._note("Stop sent")
         self._end(game, proc)
 
     def _end(self, game: ShmGame | SocketGame, proc: TrainerProcess) -> None:

@@ -1,4 +1,4 @@
-"""``la-trainer demo`` (emulator/demo.py, emulator/report.py): the newcomer's first run.
+"""``la-trainer demo`` (the :mod:`emulator.demo` package): the newcomer's first run.
 
 The unit tests at the top need no trainer process (seconds); the two marked ``integration``/``slow`` run
 the real ``scripts/train.py`` over shared memory with a reduced budget (``--quick``), once to completion
@@ -23,7 +23,6 @@ from emulator.demo import (
     QUICK_PLAN,
     DemoPlan,
     ProgressLine,
-    _Console,
     demo_command,
     evaluate_networks,
     evaluation_starts,
@@ -31,7 +30,8 @@ from emulator.demo import (
     parse_progress_line,
     record_demonstrations,
 )
-from emulator.report import (
+from emulator.demo.command import Console
+from emulator.demo.report import (
     FIGURE_FILE_NAME,
     JSON_FILE_NAME,
     MARKDOWN_FILE_NAME,
@@ -282,7 +282,7 @@ def test_trajectories_reject_mismatched_arrays() -> None:
 
 
 def test_console_plain_lines_are_throttled_and_the_bar_draws(capsys: pytest.CaptureFixture[str]) -> None:
-    plain = _Console(tty=False)
+    plain = Console(tty=False)
     for i in range(1, 101):
         plain.progress(ProgressLine(i * 10, 1000, 1.0, 100.0))
     plain.finished()
@@ -292,7 +292,7 @@ def test_console_plain_lines_are_throttled_and_the_bar_draws(capsys: pytest.Capt
         "  training: iteration 1000/1000"
     )
     assert len(lines) <= 3
-    bar = _Console(tty=True)
+    bar = Console(tty=True)
     bar.progress(ProgressLine(500, 1000, 0.25, 100.0))
     bar.progress(ProgressLine(1000, 1000, 0.20, 100.0))
     bar.finished()
