@@ -19,7 +19,7 @@ With N ranks the global batch stays the config's ``BatchSize`` (it must divide b
 trains on B / N rows of it. Gradients are averaged: by DDP for the autograd step (a trained encoder,
 distillation, layers the fused step does not cover), by one all-reduce of the flat gradient buffer for
 :class:`trainer.steps.fused.FusedStep` (the engine's MLP with a frozen encoder), see
-:class:`AveragedFusedStep`. The average of the per-rank mean-loss gradients is the gradient of the mean
+:class:`RankAveraging`. The average of the per-rank mean-loss gradients is the gradient of the mean
 loss over the concatenated batch, so given the same rows and noise one N-rank update equals the
 1-process update on the whole batch up to float32 summation order (tested on the DDP path: max
 |Δparameter| ≤ 1e-6 after three AdamW steps, measured 1.5e-8). Rows: the autograd path takes rank r's
@@ -60,7 +60,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -87,16 +87,18 @@ from trainer.job import TrainingJob
 from trainer.options import TrainerOptions, load_options
 from trainer.progress import log
 from trainer.steps.autograd import BatchSampler
-from trainer.steps.fused import FusedStep, fused_step_unsupported
 from trainer.timeouts import Timeouts
 
+if TYPE_CHECKING:
+    from trainer.links import TrainerLink
+
 __all__ = [
-    "AveragedFusedStep",
     "BroadcastLink",
     "DistEnv",
     "DistributedTrainingJob",
     "FrameKind",
     "Rank0Link",
+    "RankAveraging",
     "RankChannel",
     "RankContext",
     "RankLost",
@@ -572,6 +574,8 @@ class RankContext:
     acted on within this many steps; one all-reduce per step would double the collectives."""
     poll_game: Callable[[], bool] | None = None
     """Rank 0: the real link's ``stop_requested`` (may raise when the game is gone)."""
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    """The run's waits (``Timeouts.from_env()`` in :func:`run_rank`): keep-alive period, close."""
 
     def publish(self, name: str, code: int, message: str) -> None:
         if self.store is None:
@@ -656,77 +660,45 @@ class _GradientCarrier(nn.Module):
         return x
 
 
-class AveragedFusedStep(FusedStep):
-    """:class:`trainer.steps.fused.FusedStep` with its gradient averaged across the ranks: one all-reduce of
-    its flat gradient buffer between its hand-written backward and its AdamW.
+class RankAveraging:
+    """:class:`trainer.steps.base.GradientAveraging` across the ranks of this job.
 
-    The fused step has no autograd graph for DDP to hook into; its gradients already live in one
-    contiguous buffer, which is what DDP's reducer builds (as buckets) before it calls the same c10d
-    all-reduce. Each rank draws its own ``batch_size`` = B / N rows (with replacement, so the union is
+    Autograd steps (a trained encoder, distillation, layers the fused step does not cover): DDP, armed
+    before each step over a :class:`_GradientCarrier`, averages the gradients while the backward runs.
+    The fused step (:class:`trainer.steps.fused.FusedStep`) has no autograd graph for DDP to hook into;
+    its gradients already live in one contiguous buffer, which is what DDP's reducer builds (as buckets)
+    before it calls the same c10d all-reduce, so that buffer is all-reduced once, between its backward and
+    its AdamW. Each rank's fused step draws its own B / N rows (with replacement, so the union is
     distributed as one draw of B rows). The finiteness check runs again on the averaged gradient, which
     every rank shares, so all ranks diverge together."""
 
-    world_size: int = 1
+    def __init__(self, params: Sequence[nn.Parameter], device: torch.device, world_size: int) -> None:
+        device_ids = [torch.cuda.current_device()] if device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(
+            _GradientCarrier(params), device_ids=device_ids, find_unused_parameters=False
+        )
+        self.arm_input = torch.zeros((), device=device)
+        self.world_size = world_size
 
-    def _adamw(self) -> None:
-        dist.all_reduce(self.flat_grads)
-        self.flat_grads.div_(self.world_size)
-        if not bool(torch.isfinite(self.flat_grads).all()):
+    def arm_autograd(self) -> None:
+        self.ddp(self.arm_input)
+
+    def average_flat(self, flat_grads: Tensor) -> None:
+        dist.all_reduce(flat_grads)
+        flat_grads.div_(self.world_size)
+        if not bool(torch.isfinite(flat_grads).all()):
             raise Diverged(
                 "the averaged gradient became non-finite; the weights of the last good iteration were kept"
             )
-        super()._adamw()
 
 
 @dataclass
 class DistributedTrainingJob(TrainingJob):
-    """A :class:`TrainingJob` whose :meth:`step` averages gradients across ranks and, every
-    ``agree_every`` steps, agrees with the other ranks on stop, interrupt and the logged loss."""
+    """A :class:`TrainingJob` whose steps average their gradients across the ranks (its
+    ``gradient_averaging`` is a :class:`RankAveraging`) and which, every ``agree_every`` steps, agrees
+    with the other ranks on stop, interrupt and the logged loss."""
 
     rank_context: RankContext | None = None
-    ddp: DistributedDataParallel | None = None
-    arm_input: Tensor | None = None
-    # The fused step, as TrainingJob holds it where it runs one (declared here too, so that this class
-    # also works with a TrainingJob that does not).
-    _fast: FusedStep | None = field(default=None, init=False, repr=False)
-    _fast_checked: bool = field(default=False, init=False, repr=False)
-
-    def _fused_step(self) -> FusedStep | None:
-        """As ``TrainingJob._fused_step``, with the per-rank batch and the gradient all-reduce.
-
-        [INF] This overrides a private method of :class:`TrainingJob` (and :class:`AveragedFusedStep` one of
-        ``FusedStep``): the fused step draws its own batch and has no autograd graph, so the batch size
-        and the gradient average must be set where it is built. A public hook there would be cleaner."""
-        if not self._fast_checked:
-            self._fast_checked = True
-            ctx = self._context()
-            training = self.config.trainer.training
-            fast = AveragedFusedStep.build(
-                self.model,
-                self.optimizer,
-                self.tensors,
-                local_batch_size(training.batch_size, ctx.env.world_size),
-                self.generator,
-                self.time_distribution,
-                training.observation_noise_scale,
-            )
-            if isinstance(fast, AveragedFusedStep):
-                fast.world_size = ctx.env.world_size
-            self._fast = fast
-            if fast is None and ctx.env.leader:
-                reason = fused_step_unsupported(self.model, self.optimizer)
-                log(f"la-trainer: note: using the autograd training step with DDP ({reason})")
-        return self._fast
-
-    def _autograd_step(self, iteration: int) -> bool:
-        """Whether :meth:`TrainingJob.step` will run an autograd backward this iteration (then DDP must be
-        armed first; arming without a backward would break DDP's next iteration)."""
-        distill_start = getattr(self, "distill_start", None)  # absent where distillation has not landed
-        if distill_start is not None and iteration >= distill_start:
-            return True
-        if not _JOB_RUNS_FAST_STEP:
-            return True  # this TrainingJob always runs the autograd step
-        return self._fused_step() is None
 
     def _context(self) -> RankContext:
         if self.rank_context is None:
@@ -746,9 +718,6 @@ class DistributedTrainingJob(TrainingJob):
         state = ctx.state
         with state.stepping():
             try:
-                if self._autograd_step(iteration):
-                    assert self.ddp is not None and self.arm_input is not None
-                    self.ddp(self.arm_input)
                 super().step(iteration)
             except RuntimeError as error:
                 if is_collective_failure(error):
@@ -800,9 +769,6 @@ class DistributedTrainingJob(TrainingJob):
             self.smoothed_loss = loss_sum / ctx.env.world_size
         return self.smoothed_loss
 
-
-_JOB_RUNS_FAST_STEP = hasattr(TrainingJob, "_fused_step")
-"""Whether TrainingJob.step runs the fused step when it can (the trainer being built in parallel)."""
 
 CHECKSUM_MODULUS = 1 << 20
 """The weights' checksum is kept below 2**20 so that its square summed over ranks stays an exact integer
@@ -930,9 +896,7 @@ def scale_out_job(job: TrainingJob, ctx: RankContext) -> DistributedTrainingJob:
         )
     try:
         sync_start_state(job, ctx)
-        carrier = _GradientCarrier(list(job.model.trainable_parameters()))
-        device_ids = [torch.cuda.current_device()] if job.device.type == "cuda" else None
-        ddp = DistributedDataParallel(carrier, device_ids=device_ids, find_unused_parameters=False)
+        averaging = RankAveraging(list(job.model.trainable_parameters()), job.device, env.world_size)
     except RuntimeError as error:
         if is_collective_failure(error):
             who = ctx.peer_failure() or f"another training process stopped answering ({_first_line(error)})"
@@ -945,13 +909,12 @@ def scale_out_job(job: TrainingJob, ctx: RankContext) -> DistributedTrainingJob:
     job.generator.manual_seed(derive_seed(training.seed, start, 1 + env.rank))
     sampler = ShardSampler(job.tensors, training.batch_size, env.rank, env.world_size, index_generator)
     values = {f.name: getattr(job, f.name) for f in fields(job) if f.init}
-    scaled = DistributedTrainingJob(**{**values, "sampler": sampler})
+    scaled = DistributedTrainingJob(
+        **{**values, "sampler": sampler, "gradient_averaging": averaging}, rank_context=ctx
+    )
     for f in fields(job):
         if not f.init:
             setattr(scaled, f.name, getattr(job, f.name))
-    scaled.ddp = ddp
-    scaled.arm_input = torch.zeros((), device=job.device)
-    scaled.rank_context = ctx
     if job.device.type == "cpu":
         share = max(1, (os.cpu_count() or 1) // max(1, env.local_world_size))
         torch.set_num_threads(min(torch.get_num_threads(), share))
@@ -973,7 +936,7 @@ class Rank0Link:
     """Rank 0's link: the real one, whose received config, networks and replay buffer are broadcast to
     the other ranks on the way through, and whose stop flag is the ranks' agreement."""
 
-    def __init__(self, real: Any, ctx: RankContext) -> None:
+    def __init__(self, real: TrainerLink, ctx: RankContext) -> None:
         self.real = real
         self.ctx = ctx
         self.config: SessionConfig | None = None
@@ -982,6 +945,10 @@ class Rank0Link:
         self.engine_pid = _engine_pid()
         ctx.poll_game = self._poll_game
         ctx.state.link = self
+
+    @property
+    def comm_type(self) -> str:
+        return self.real.comm_type
 
     def _poll_game(self) -> bool:
         """The game's Stop; raises when the game is gone. Under torchrun our parent is torchrun, so the
@@ -1034,7 +1001,7 @@ class Rank0Link:
         for nid, blob in blobs.items():
             self.real.send_network(nid, blob, self.version)
         self.real.send_complete()
-        self.real.finish(30.0)
+        self.real.finish(self.ctx.timeouts.close)
 
 
 def _engine_pid() -> int | None:
@@ -1054,6 +1021,9 @@ def _process_alive(pid: int) -> bool:
 
 class BroadcastLink:
     """Ranks ≥ 1: receives what rank 0 broadcasts; sends nothing; stops when the ranks agree."""
+
+    comm_type = "Unknown"
+    """The game's transport is rank 0's business (it names only the trackers' run)."""
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
@@ -1259,10 +1229,9 @@ def _float_env(name: str, default: float) -> float:
     return value
 
 
-def _collective_timeout() -> float:
+def _collective_timeout(t: Timeouts) -> float:
     """[INF] Long enough for the other ranks to wait out rank 0's whole setup with the game (their first
     broadcast waits until the game sent everything), at least :data:`DEFAULT_TIMEOUT_S`."""
-    t = Timeouts.from_env()
     setup = t.connect + t.config + 3 * t.network + t.experience + 60.0
     return _float_env(ENV_TIMEOUT, max(DEFAULT_TIMEOUT_S, setup))
 
@@ -1283,6 +1252,7 @@ def _training(
                 task_dir=task_dir,
                 interrupt=_ConsensusInterrupt(ctx.state),
                 prepare_job=lambda job: scale_out_job(job, ctx),
+                timeouts=ctx.timeouts,
             )
         except BaseException as error:
             if not ctx.env.leader and not ctx.state.lost:
@@ -1303,7 +1273,7 @@ def _leader_runner(ctx: RankContext) -> Callable[..., int]:
     """What :func:`trainer.app.engine_main` calls on rank 0 once argv and options are valid."""
 
     def runner(
-        open_link: Callable[[InterruptFlag], object], *, options: TrainerOptions, task_dir: Path | None
+        open_link: Callable[[InterruptFlag], TrainerLink], *, options: TrainerOptions, task_dir: Path | None
     ) -> int:
         if options.device.lower().startswith("cuda:"):
             # Each rank trains on its own GPU (cuda:LOCAL_RANK, set at start); a fixed index would put
@@ -1344,7 +1314,8 @@ def run_rank(
     ``leader(runner)`` runs rank 0's side: production passes ``lambda r: engine_main(argv, runner=r)``;
     tests call ``runner(open_link, options=..., task_dir=...)`` with an in-memory game link.
     """
-    timeout = timedelta(seconds=_collective_timeout())
+    timeouts = Timeouts.from_env()
+    timeout = timedelta(seconds=_collective_timeout(timeouts))
     stall = _float_env(ENV_STALL, DEFAULT_STALL_S)
     agree_every = _env_int(os.environ, ENV_AGREE, 1) or DEFAULT_AGREE_EVERY
     cuda = torch.cuda.is_available()
@@ -1360,6 +1331,7 @@ def run_rank(
         channel=RankChannel(lambda t: dist.broadcast(t, src=0), leader=env.leader),
         store=store,
         agree_every=agree_every,
+        timeouts=timeouts,
     )
     if not env.leader:
         # Rank 0 alone logs (the engine copies our stdout into its log); errors still go to stderr.

@@ -12,7 +12,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -34,10 +33,10 @@ from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
 from trainer.options import TrainerOptions
 from trainer.progress import log
-from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.steps import GradientAveraging, Phase, StepInputs, TrainingStep, choose_step
+from trainer.steps.autograd import BatchSampler, make_optimizer
 from trainer.steps.compiled import compile_wanted
-from trainer.steps.distill import RECOMMENDED_ITERATIONS, Distiller, DistillSettings, distill_iterations
-from trainer.steps.fused import FusedStep, fused_step_unsupported
+from trainer.steps.distill import RECOMMENDED_ITERATIONS, DistillSettings, distill_iterations
 
 __all__ = ["TrainingJob"]
 
@@ -62,14 +61,16 @@ class TrainingJob:
     total_iterations: int
     start_iteration: int = 0
     smoothed_loss: float = math.nan
-    extra: dict[str, Any] = field(default_factory=dict)
     distill_start: int | None = None
     """First distillation iteration (``options.ode_steps`` > 0, see :mod:`trainer.steps.distill`); None: off."""
-    distiller: Distiller | None = None
-    _fast: FusedStep | None = field(default=None, init=False, repr=False)
-    """The fused flow-matching step (:mod:`trainer.steps.fused`), built at the first step (after anything
-    that loads state); None when it does not apply, and then :func:`train_step` runs."""
-    _fast_checked: bool = field(default=False, init=False, repr=False)
+    gradient_averaging: GradientAveraging | None = None
+    """Scale-out's averaging of every step's gradients across the processes (:mod:`trainer.distributed`);
+    None: this process trains alone."""
+    phase: Phase | None = field(default=None, init=False)
+    """The phase :attr:`training_step` belongs to; None before the first step."""
+    training_step: TrainingStep | None = field(default=None, init=False, repr=False)
+    """The step of the current phase, chosen at the phase's first iteration by
+    :func:`trainer.steps.choose_step` (after anything that loads state, so it adopts the loaded state)."""
     checkpoint_dir: Path | None = None
     """Where resumable checkpoints go (``<task_dir>/Snapshots``); None: no checkpoints."""
     fingerprint: Fingerprint | None = None
@@ -102,11 +103,6 @@ class TrainingJob:
         generator = torch.Generator(device=device)
         generator.manual_seed(training.seed)
         data = TrainingData.from_replay(replay, config.action_chunk_size)
-        if data.row_num == 0:
-            raise BadData(
-                "the replay buffer holds no steps inside any episode: nothing to train on "
-                f"({replay.episode_num} episodes, {replay.step_num} steps)"
-            )
         settings = ModelSettings.from_session(config, ema_decay=options.ema_decay)
         model = FlowModel.from_networks(
             received[0].model,
@@ -186,7 +182,8 @@ class TrainingJob:
     def _resume(self) -> None:
         """Load the newest usable checkpoint (``--resume``) into the model, optimiser and generator.
 
-        Runs before the first step, so the fused step (:mod:`trainer.steps.fused`) adopts the loaded state.
+        Runs before the first step, so the step chosen then (:func:`trainer.steps.choose_step`) adopts the
+        loaded state.
         """
         assert self.checkpoint_dir is not None and self.fingerprint is not None  # create() sets both
         state, notes = load_for_resume(self.checkpoint_dir, self.fingerprint)
@@ -234,90 +231,52 @@ class TrainingJob:
         return int(self.data.targets.shape[1])
 
     def step(self, iteration: int) -> float:
-        """One optimisation step (flow matching, or distillation from ``distill_start`` on); returns the
-        smoothed loss."""
+        """One optimisation step (flow matching, or distillation from :attr:`distill_start` on); returns
+        the smoothed loss."""
+        phase = Phase.FLOW_MATCHING
         if self.distill_start is not None and iteration >= self.distill_start:
-            return self._distill_step(iteration)
-        fast = self._fused_step()
-        if fast is not None:
-            # Same draws from the same generator, same maths as train_step (to float rounding), without
-            # the per-op overhead that dominates a small network's step on a CPU (trainer.steps.fused).
-            metrics = fast.step(iteration)
-        else:
-            metrics = train_step(
-                self.model,
-                self.optimizer,
-                self.sampler.next(),
-                self.generator,
-                self.time_distribution,
-                self.config.trainer.training.observation_noise_scale,
-                iteration,
-            )
+            phase = Phase.DISTILLATION
+        if phase is not self.phase or self.training_step is None:
+            self.training_step = choose_step(phase, self._step_inputs(), iteration)
+            if phase is Phase.DISTILLATION:
+                self.smoothed_loss = math.nan  # another loss: do not smooth across the boundary
+            self.phase = phase
+        metrics = self.training_step.step(iteration)
         if math.isnan(self.smoothed_loss):
             self.smoothed_loss = metrics.loss
         else:
             self.smoothed_loss = LOSS_SMOOTHING * self.smoothed_loss + (1 - LOSS_SMOOTHING) * metrics.loss
         return self.smoothed_loss
 
-    def _fused_step(self) -> FusedStep | None:
-        if not self._fast_checked:
-            self._fast_checked = True
-            training = self.config.trainer.training
-            compiled, why = compile_wanted(self.options.compile, self.device)
-            self._fast = FusedStep.build(
-                self.model,
-                self.optimizer,
-                self.tensors,
-                training.batch_size,
-                self.generator,
-                self.time_distribution,
-                training.observation_noise_scale,
-                compiled=compiled,
-            )
-            if self._fast is None:
-                reason = fused_step_unsupported(self.model, self.optimizer)
-                log(f"la-trainer: note: using the autograd training step ({reason})")
-            elif self._fast.compiling:
-                log("la-trainer: compiling the training step with torch.compile (once per run; seconds)")
-            elif self.options.compile.strip().lower() == "on":
-                # Wanted and available, yet not compiling: the compiled function gathers precomputed
-                # latents, which this buffer is too large for (trainer.steps.fused.PRECOMPUTE_LIMIT_BYTES).
-                reason = why if not compiled else "the replay buffer's latents are too large to precompute"
-                log(f"la-trainer: warning: training step not compiled ({reason})")
-        return self._fast
-
-    def _distill_step(self, iteration: int) -> float:
-        if self.distiller is None:
-            # The phase boundary: freeze the teacher now (trainer.steps.distill.Distiller).
-            training = self.config.trainer.training
-            self.distiller = Distiller(
-                self.model,
-                DistillSettings(self.options.ode_steps),
-                learning_rate=training.learning_rate,
-                weight_decay=training.weight_decay,
-                time_dist=self.time_distribution,
-                obs_noise_scale=training.observation_noise_scale,
-            )
-            self.smoothed_loss = math.nan  # another loss: do not smooth across the boundary
-            log(f"la-trainer: iteration {iteration}: distilling for {self.options.ode_steps} Euler step(s)")
-        metrics = self.distiller.step(self.sampler.next(), self.generator, iteration)
-        if math.isnan(self.smoothed_loss):
-            self.smoothed_loss = metrics.loss
-        else:
-            self.smoothed_loss = LOSS_SMOOTHING * self.smoothed_loss + (1 - LOSS_SMOOTHING) * metrics.loss
-        return self.smoothed_loss
+    def _step_inputs(self) -> StepInputs:
+        training = self.config.trainer.training
+        return StepInputs(
+            model=self.model,
+            optimizer=self.optimizer,
+            tensors=self.tensors,
+            sampler=self.sampler,
+            generator=self.generator,
+            time_distribution=self.time_distribution,
+            obs_noise_scale=training.observation_noise_scale,
+            learning_rate=training.learning_rate,
+            weight_decay=training.weight_decay,
+            device=self.device,
+            compile=self.options.compile,
+            ode_steps=self.options.ode_steps,
+            averaging=self.gradient_averaging,
+        )
 
     def export(self) -> dict[int, Layer]:
         """Networks 0 (denoiser), 1 (encoder), 2 (decoder) with every fold applied."""
         exported = self.model.export()
         return {0: exported.denoiser, 1: exported.encoder, 2: exported.decoder}
 
-    def maybe_checkpoint(self, iteration: int, writer: object, *, force: bool = False) -> Path | None:
+    def maybe_checkpoint(self, iteration: int, *, force: bool = False) -> Path | None:
         """Write a resumable checkpoint after ``iteration`` steps when one is due; returns its path.
 
         Due: ``force`` (end of run, stop, interrupt, lost engine), or ``checkpoint_every_seconds`` since the
-        last one (0: only forced ones). ``writer`` is unused (checkpoints go to :attr:`checkpoint_dir`, the
-        same folder as the snapshots, whether or not the config saves snapshots). Cheap when not due.
+        last one (0: only forced ones). Checkpoints go to :attr:`checkpoint_dir`, the same folder as the
+        snapshots, whether or not the config saves snapshots. Cheap when not due.
 
         [INF] Distillation (the last part of a run with ``ode_steps`` > 0) is not checkpointed: its teacher
         and second optimiser would double the file. A checkpoint is forced at the phase boundary instead,

@@ -785,6 +785,8 @@ class MemoryLink:
     """The game, in memory: hands over the config, networks and replay buffer; records every network
     and Complete it receives in ``events.jsonl`` as they arrive (so a rank that exits abruptly leaves them)."""
 
+    comm_type = "Memory"
+
     def __init__(self, config: Any, blobs: tuple[bytes, ...], replay: ReplayBuffer, out: Path | None) -> None:
         self.config, self.blobs, self.replay, self.out = config, blobs, replay, out
 
@@ -871,8 +873,8 @@ def _exact_check(env: DistEnv, out: Path) -> None:
         t = torch.rand((batch, 1), generator=draws)
         for model_job, part in ((job, rows), (reference, slice(0, batch))):
             if model_job is job:
-                assert job.ddp is not None and job.arm_input is not None
-                job.ddp(job.arm_input)
+                assert job.gradient_averaging is not None
+                job.gradient_averaging.arm_autograd()
             obs, x1 = model_job.tensors.obs[index[part]], model_job.tensors.x1[index[part]]
             path = interpolate(x0[part], x1, t[part])
             model = model_job.model

@@ -16,7 +16,8 @@ from trainer.data import Batch, TensorData, TrainingData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
-from trainer.steps.autograd import BatchSampler, StepMetrics, make_optimizer, train_step
+from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.steps.base import StepMetrics
 
 
 @pytest.fixture(autouse=True)

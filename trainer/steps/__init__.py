@@ -1,0 +1,123 @@
+"""Training steps: one protocol, the implementations, and the one place that chooses between them.
+
+Every step is a :class:`~trainer.steps.base.TrainingStep` (``step(iteration) -> StepMetrics``, batch
+drawing included). :func:`choose_step` builds the one for a phase of the run and logs which and why:
+
+* flow matching, the engine's MLP denoiser with a frozen encoder: :class:`~trainer.steps.fused.FusedStep`
+  (:mod:`trainer.steps.fused`: same draws and maths as the reference, fewer kernels), its arithmetic
+  ``torch.compile``-d (:mod:`trainer.steps.compiled`) when the ``compile`` option asks and it can;
+* flow matching, any other model: :class:`~trainer.steps.autograd.AutogradStep` (the readable reference);
+* distillation (the last part of a run with ``ode_steps`` > 0):
+  :class:`~trainer.steps.distill.DistillationStep`.
+
+Scale-out plugs in through :class:`~trainer.steps.base.GradientAveraging`, passed in :class:`StepInputs`:
+each implementation calls it where its gradients exist and its update has not happened yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.data import TensorData
+from trainer.flow import TimeDistribution
+from trainer.model import FlowModel
+from trainer.progress import log
+from trainer.steps.autograd import AutogradStep, BatchSampler
+from trainer.steps.base import GradientAveraging, Phase, StepMetrics, TrainingStep
+from trainer.steps.compiled import compile_wanted
+from trainer.steps.distill import DistillationStep, Distiller, DistillSettings
+from trainer.steps.fused import FusedStep, fused_step_unsupported
+
+__all__ = [
+    "GradientAveraging",
+    "Phase",
+    "StepInputs",
+    "StepMetrics",
+    "TrainingStep",
+    "choose_step",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """What a step trains and draws from: the job's model, optimiser, data and random stream, and the
+    settings that decide the implementation.
+
+    ``sampler.batch_size`` is this process's share of the batch (the config's ``BatchSize``, or B / N
+    under scale-out), which the fused step draws too. ``compile``: the option (``"on"``/``"off"``).
+    ``ode_steps``: the game's step count, used by the distillation phase. ``averaging``: scale-out's
+    gradient averaging (None: one process)."""
+
+    model: FlowModel
+    optimizer: torch.optim.Optimizer
+    tensors: TensorData
+    sampler: BatchSampler
+    generator: torch.Generator
+    time_distribution: TimeDistribution
+    obs_noise_scale: float
+    learning_rate: float
+    weight_decay: float
+    device: torch.device
+    compile: str = "off"
+    ode_steps: int = 0
+    averaging: GradientAveraging | None = None
+
+
+def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingStep:
+    """The step for ``phase``, built now, with one log line where the choice is worth knowing.
+
+    Build it at the phase's first iteration, after anything that loads state (a resume): the fused step
+    adopts the model's and the optimiser's tensors as they are then, and the distillation phase freezes
+    its teacher from the model as ordinary training left it."""
+    averaging = inputs.averaging
+    arm = None if averaging is None else averaging.arm_autograd
+    if phase is Phase.DISTILLATION:
+        distiller = Distiller(
+            inputs.model,
+            DistillSettings(inputs.ode_steps),
+            learning_rate=inputs.learning_rate,
+            weight_decay=inputs.weight_decay,
+            time_dist=inputs.time_distribution,
+            obs_noise_scale=inputs.obs_noise_scale,
+        )
+        log(f"la-trainer: iteration {iteration}: distilling for {inputs.ode_steps} Euler step(s)")
+        return DistillationStep(distiller, inputs.sampler, inputs.generator, arm)
+
+    compiled, why = compile_wanted(inputs.compile, inputs.device)
+    if compiled and averaging is not None:
+        # [INF] Scale-out has always run the eager fused step: the compiled function with the gradient
+        # all-reduce between it and AdamW has not been measured or tested.
+        compiled, why = False, "scale-out runs the eager fused step"
+    fused = FusedStep.build(
+        inputs.model,
+        inputs.optimizer,
+        inputs.tensors,
+        inputs.sampler.batch_size,
+        inputs.generator,
+        inputs.time_distribution,
+        inputs.obs_noise_scale,
+        compiled=compiled,
+        average_gradients=None if averaging is None else averaging.average_flat,
+    )
+    if fused is None:
+        reason = fused_step_unsupported(inputs.model, inputs.optimizer)
+        log(f"la-trainer: note: using the autograd training step ({reason})")
+        return AutogradStep(
+            inputs.model,
+            inputs.optimizer,
+            inputs.sampler,
+            inputs.generator,
+            inputs.time_distribution,
+            inputs.obs_noise_scale,
+            arm,
+        )
+    if fused.compiling:
+        log("la-trainer: compiling the training step with torch.compile (once per run; seconds)")
+    elif inputs.compile.strip().lower() == "on":
+        # Wanted and available, yet not compiling: the compiled function gathers precomputed latents,
+        # which this buffer is too large for (trainer.steps.fused.PRECOMPUTE_LIMIT_BYTES).
+        reason = why if not compiled else "the replay buffer's latents are too large to precompute"
+        log(f"la-trainer: warning: training step not compiled ({reason})")
+    return fused

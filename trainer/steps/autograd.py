@@ -9,7 +9,7 @@ and times, interpolate, forward, loss, backward, check, step. Every random numbe
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
 
 import torch
 
@@ -17,8 +17,9 @@ from trainer.data import Batch, TensorData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution, flow_matching_loss, interpolate
 from trainer.model import FlowModel
+from trainer.steps.base import StepMetrics
 
-__all__ = ["BatchSampler", "StepMetrics", "apply_gradients", "make_optimizer", "train_step"]
+__all__ = ["AutogradStep", "BatchSampler", "apply_gradients", "make_optimizer", "train_step"]
 
 
 def make_optimizer(model: FlowModel, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -28,14 +29,6 @@ def make_optimizer(model: FlowModel, lr: float, weight_decay: float) -> torch.op
     if not params:
         raise ValueError("the model has no trainable parameters")
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, amsgrad=True)
-
-
-class StepMetrics(NamedTuple):
-    """``loss``: the step's MSE in standardised velocity units; ``grad_norm``: the global L2 norm of the
-    gradients before the step."""
-
-    loss: float
-    grad_norm: float
 
 
 class BatchSampler:
@@ -87,6 +80,40 @@ def train_step(
     metrics = apply_gradients(loss, optimizer, iteration)
     model.update_ema()
     return metrics
+
+
+class AutogradStep:
+    """:func:`train_step` on the sampler's minibatches: the flow-matching :class:`~trainer.steps.base.
+    TrainingStep` for any model (the readable reference; the fused step covers the engine's MLP).
+
+    ``before_backward``: called before each step's forward (scale-out arms its gradient averaging
+    there, :meth:`~trainer.steps.base.GradientAveraging.arm_autograd`)."""
+
+    def __init__(
+        self,
+        model: FlowModel,
+        optimizer: torch.optim.Optimizer,
+        sampler: BatchSampler,
+        generator: torch.Generator,
+        time_dist: TimeDistribution,
+        obs_noise_scale: float,
+        before_backward: Callable[[], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.sampler = sampler
+        self.generator = generator
+        self.time_dist = time_dist
+        self.obs_noise_scale = obs_noise_scale
+        self.before_backward = before_backward
+
+    def step(self, iteration: int) -> StepMetrics:
+        if self.before_backward is not None:
+            self.before_backward()
+        batch = self.sampler.next()
+        return train_step(
+            self.model, self.optimizer, batch, self.generator, self.time_dist, self.obs_noise_scale, iteration
+        )
 
 
 def apply_gradients(

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,7 +60,8 @@ from torch import Tensor, nn
 from trainer.data import Batch
 from trainer.flow import TimeDistribution, flow_matching_loss, interpolate
 from trainer.model import FlowModel
-from trainer.steps.autograd import StepMetrics, apply_gradients, make_optimizer
+from trainer.steps.autograd import BatchSampler, apply_gradients, make_optimizer
+from trainer.steps.base import StepMetrics
 
 __all__ = [
     "EVAL_COST",
@@ -68,6 +69,7 @@ __all__ = [
     "RECOMMENDED_ITERATIONS",
     "TRAIN_COST",
     "DistillSettings",
+    "DistillationStep",
     "Distiller",
     "TargetPool",
     "Teacher",
@@ -479,3 +481,25 @@ class Distiller:
         decay = min(self.model.ema_decay, (1.0 + n) / (10.0 + n))
         torch._foreach_lerp_([e for _, e in pairs], [p for p, _ in pairs], 1.0 - decay)
         self.ema_count = n + 1
+
+
+class DistillationStep:
+    """The distillation phase as a :class:`~trainer.steps.base.TrainingStep`: :meth:`Distiller.step` on
+    the sampler's minibatches. ``before_backward`` as for :class:`~trainer.steps.autograd.AutogradStep`."""
+
+    def __init__(
+        self,
+        distiller: Distiller,
+        sampler: BatchSampler,
+        generator: torch.Generator,
+        before_backward: Callable[[], None] | None = None,
+    ) -> None:
+        self.distiller = distiller
+        self.sampler = sampler
+        self.generator = generator
+        self.before_backward = before_backward
+
+    def step(self, iteration: int) -> StepMetrics:
+        if self.before_backward is not None:
+            self.before_backward()
+        return self.distiller.step(self.sampler.next(), self.generator, iteration)

@@ -69,7 +69,7 @@ from trainer.nne_torch import (
     TanHModule,
 )
 from trainer.progress import log
-from trainer.steps.autograd import StepMetrics
+from trainer.steps.base import StepMetrics
 from trainer.steps.compiled import FlatLayout, FlatStep, compile_flat_step
 
 __all__ = [
@@ -258,6 +258,7 @@ class FusedStep:
         obs_noise_scale: float,
         exact: bool,
         compiled: bool = False,
+        average_gradients: Callable[[Tensor], None] | None = None,
     ) -> None:
         """Use :meth:`build`, which checks support first."""
         device = data.obs.device
@@ -268,6 +269,7 @@ class FusedStep:
         self.obs_noise_scale = float(obs_noise_scale)
         self.exact = exact
         self.batch_size = batch_size
+        self.average_gradients = average_gradients
         self.row_num = data.row_num
         self.device = device
         b = batch_size
@@ -458,6 +460,7 @@ class FusedStep:
         *,
         exact: bool = False,
         compiled: bool = False,
+        average_gradients: Callable[[Tensor], None] | None = None,
     ) -> FusedStep | None:
         """The fused step for this job, or None when :func:`fused_step_unsupported` finds a reason.
 
@@ -468,7 +471,11 @@ class FusedStep:
 
         ``compiled``: run the arithmetic after the draws as one ``torch.compile``-d function
         (:mod:`trainer.steps.compiled`; ignored with ``exact``). The first step compiles; if that fails the
-        step falls back to the eager kernels with one warning line."""
+        step falls back to the eager kernels with one warning line.
+
+        ``average_gradients``: called on the flat gradient buffer after the finiteness check, before
+        AdamW (scale-out replaces it by the processes' average there,
+        :meth:`~trainer.steps.base.GradientAveraging.average_flat`)."""
         if fused_step_unsupported(model, optimizer) is not None:
             return None
         layout = parse_mlp(model.denoiser)
@@ -489,6 +496,7 @@ class FusedStep:
             obs_noise_scale,
             exact,
             compiled,
+            average_gradients,
         )
 
     # ----------------------------------------------------------------------------------------------
@@ -527,12 +535,14 @@ class FusedStep:
         else:
             loss_value, norm_value = metrics.tolist()
 
-        # 5. Check, then AdamW and the EMA.
+        # 5. Check, average across processes (scale-out), then AdamW and the EMA.
         if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
             raise Diverged(
                 f"the loss became non-finite at iteration {iteration} (loss {loss_value}, gradient norm "
                 f"{norm_value}); the weights of the last good iteration were kept"
             )
+        if self.average_gradients is not None:
+            self.average_gradients(self.flat_grads)
         self._adamw()
         model.update_ema(self._ema_flat_pairs)
         return StepMetrics(loss=loss_value, grad_norm=norm_value)
