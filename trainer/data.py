@@ -13,22 +13,22 @@ C     ActionChunkSize (spec §4.3)
 A     denoiser action width, ``A = C·Av`` (spec §5.4, §6.3); step-major: ``[a_t ‖ a_t+1 ‖ …]``
 ====  ==========================================================================================
 
-The boundary from protocol arrays (numpy, replay units) to tensors is :meth:`TensorData.build`; a
-:class:`Batch` is what one optimisation step consumes.
+The boundary from the protocol's replay buffer to training data is :meth:`TrainingData.from_replay`,
+the one place where the recording is checked (episodes, finiteness); :meth:`TensorData.build` moves the
+result to the training device, and a :class:`Batch` is what one optimisation step consumes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch import Tensor
 
-from protocol.errors import ReplayError
+from protocol.replay import ReplayBuffer, check_finite, validate_episodes
 from protocol.schema import SchemaNode, leaves
 from trainer.errors import BadData
 
@@ -38,7 +38,6 @@ __all__ = [
     "ActionChunks",
     "Batch",
     "LeafStatistics",
-    "ReplayLike",
     "TensorData",
     "TrainingData",
     "build_action_chunks",
@@ -58,19 +57,6 @@ AUTO_NORMALIZATIONS = ("AutoShared", "AutoPerDimension", "AutoDimensionAverage")
 """The Continuous Normalization modes that take statistics from the data (spec §4.4); "Manual" does not."""
 
 
-class ReplayLike(Protocol):
-    """What :meth:`TrainingData.from_replay` reads from a :class:`protocol.replay.ReplayBuffer`."""
-
-    @property
-    def episode_starts(self) -> npt.NDArray[np.int32]: ...
-    @property
-    def episode_lengths(self) -> npt.NDArray[np.int32]: ...
-    @property
-    def observations(self) -> Sequence[Floats]: ...
-    @property
-    def actions(self) -> Sequence[Floats]: ...
-
-
 # --------------------------------------------------------------------------------------------------
 # Action chunks (spec §5.4 [INF])
 
@@ -88,7 +74,9 @@ def build_action_chunks(
 ) -> ActionChunks:
     """Every step of every episode starts a chunk of ``chunk_size`` consecutive actions of that episode.
 
-    ``starts``/``lengths`` are ``(E,)`` episode starts and lengths into the ``(S, Av)`` ``actions``.
+    ``starts``/``lengths`` are ``(E,)`` episode starts and lengths into the ``(S, Av)`` ``actions``,
+    already checked (:func:`protocol.replay.validate_episodes`, which :meth:`TrainingData.from_replay`
+    runs).
 
     [INF] The engine does not say how a chunk is padded past the episode end (spec §5.4, Unknowns 6).
     We repeat the episode's LAST action: the engine's policy keeps acting after the demonstration ends,
@@ -98,11 +86,8 @@ def build_action_chunks(
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    if actions.ndim != 2:
-        raise ReplayError("Actions must be a 2-D (steps, width) array", field="Actions", actual=actions.shape)
     starts64 = np.asarray(starts, dtype=np.int64).reshape(-1)
     lengths64 = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    _check_episodes(starts64, lengths64, actions.shape[0])
     width = actions.shape[1]
     n = int(lengths64.sum())
     episode = np.repeat(np.arange(starts64.size), lengths64)  # (N,) episode of each row
@@ -114,37 +99,6 @@ def build_action_chunks(
     steps = row_start[:, None] + np.minimum(position[:, None] + np.arange(chunk_size), last)  # (N, C)
     chunks = actions[steps].reshape(n, chunk_size * width).astype(np.float32, copy=False)
     return ActionChunks(rows=rows, actions=chunks)
-
-
-def _check_episodes(starts: Ints, lengths: Ints, step_num: int) -> None:
-    if starts.shape != lengths.shape:
-        raise ReplayError(
-            "EpisodeStarts and EpisodeLengths differ in length",
-            field="EpisodeLengths",
-            expected=starts.size,
-            actual=lengths.size,
-        )
-    if starts.size == 0:
-        return
-    bad = np.flatnonzero((starts < 0) | (lengths < 0) | (starts + lengths > step_num))
-    if bad.size:
-        i = int(bad[0])
-        raise ReplayError(
-            f"episode {i} (start {int(starts[i])}, length {int(lengths[i])}) is outside the {step_num} "
-            "replay steps",
-            field=f"EpisodeStarts[{i}]",
-            expected=f"0 <= start, 0 <= length, start + length <= {step_num}",
-            actual=(int(starts[i]), int(lengths[i])),
-        )
-    total = int(lengths.sum())
-    if total > step_num:
-        # The engine's episodes tile the buffer (spec §5.3); the bound also caps the allocation.
-        raise ReplayError(
-            f"the episodes hold {total} steps in total but the buffer has only {step_num}",
-            field="EpisodeLengths",
-            expected=f"sum <= {step_num}",
-            actual=total,
-        )
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -182,6 +136,28 @@ class TrainingData:
         return self.targets[:, : self.action_width]
 
     @classmethod
+    def from_replay(cls, replay: ReplayBuffer, chunk_size: int) -> TrainingData:
+        """The boundary from the engine's recording to training data, and the one place it is checked:
+        episode starts and lengths (:func:`protocol.replay.validate_episodes`), then every float stream
+        finite (:func:`protocol.replay.check_finite`, rows outside any episode included: a recording
+        holding NaN or Inf is broken, whichever rows training would read). Flow matching trains on
+        observation and action stream 0.
+
+        Raises :class:`ReplayError` for inconsistent episodes, and :class:`BadData` (exit code
+        BAD_DATA) when a float holds NaN/Inf or no episode has a step.
+        """
+        validate_episodes(replay.episode_starts, replay.episode_lengths, replay.step_num)
+        problems = check_finite(replay)
+        if problems:
+            raise BadData("the replay buffer holds non-finite values: " + "; ".join(problems))
+        observations, actions = replay.observations[0], replay.actions[0]
+        chunks = build_action_chunks(replay.episode_starts, replay.episode_lengths, actions, chunk_size)
+        if chunks.rows.size == 0:
+            raise BadData("the replay buffer has no episode with at least one step: nothing to train on.")
+        obs = np.ascontiguousarray(observations[chunks.rows], dtype=np.float32)
+        return cls(obs, chunks.actions, chunk_size, int(actions.shape[1]))
+
+    @classmethod
     def from_arrays(
         cls,
         starts: npt.ArrayLike,
@@ -190,48 +166,16 @@ class TrainingData:
         actions: Floats,
         chunk_size: int,
     ) -> TrainingData:
-        """Build from episode starts/lengths and the ``(S, O)`` observation and ``(S, Av)`` action arrays.
-
-        Raises :class:`ReplayError` for inconsistent shapes or episodes, and :class:`BadData` when no
-        episode has a step or a used row holds NaN/Inf.
-        """
-        if observations.ndim != 2 or actions.ndim != 2 or observations.shape[0] != actions.shape[0]:
-            raise ReplayError(
-                "Observations and Actions must be 2-D with the same number of steps",
-                field="Observations",
-                expected=("S", "O"),
-                actual=(observations.shape, actions.shape),
-            )
-        chunks = build_action_chunks(starts, lengths, actions, chunk_size)
-        if chunks.rows.size == 0:
-            raise BadData("the replay buffer has no episode with at least one step: nothing to train on.")
-        obs = np.ascontiguousarray(observations[chunks.rows], dtype=np.float32)
-        _require_finite("Observations", obs, chunks.rows)
-        # Every step a chunk uses is some row's own step, so checking each row's first action covers all.
-        _require_finite("Actions", chunks.actions[:, : actions.shape[1]], chunks.rows)
-        return cls(obs, chunks.actions, chunk_size, int(actions.shape[1]))
-
-    @classmethod
-    def from_replay(cls, replay: ReplayLike, chunk_size: int, stream: int = 0) -> TrainingData:
-        """Build from observation/action stream ``stream`` of a replay buffer (FM uses stream 0)."""
-        return cls.from_arrays(
-            replay.episode_starts,
-            replay.episode_lengths,
-            replay.observations[stream],
-            replay.actions[stream],
-            chunk_size,
+        """:meth:`from_replay` on a one-stream replay buffer of these arrays: episode starts/lengths (E,),
+        ``(S, O)`` observations and ``(S, Av)`` actions, float32 (for tools and tests that hold arrays)."""
+        replay = ReplayBuffer(
+            replay_buffer_id=0,
+            episode_starts=np.asarray(starts, dtype=np.int32).reshape(-1),
+            episode_lengths=np.asarray(lengths, dtype=np.int32).reshape(-1),
+            observations=(observations,),
+            actions=(actions,),
         )
-
-
-def _require_finite(name: str, values: Floats, rows: Ints) -> None:
-    finite = np.isfinite(values)
-    if finite.all():
-        return
-    r, c = (int(v[0]) for v in np.nonzero(~finite))
-    raise BadData(
-        f"{name} of replay step {int(rows[r])}, column {c} is {values[r, c]}: "
-        "the recording holds non-finite values."
-    )
+        return cls.from_replay(replay, chunk_size)
 
 
 # --------------------------------------------------------------------------------------------------

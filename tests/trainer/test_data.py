@@ -1,4 +1,5 @@
 """Training-data facts: action chunks on hand-made episodes (ends, short and zero-length episodes, gaps),
+the replay buffer checked once where it becomes training data (episodes, finiteness of every stream),
 statistics per Normalization mode on hand-made values, tensor boundary and batch validation."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.errors import ReplayError
+from protocol.replay import ReplayBuffer
 from protocol.schema import SchemaNode, parse_schema
 from trainer.data import (
     MIN_STD,
@@ -109,14 +111,17 @@ def test_every_chunk_stays_inside_its_episode_and_starts_at_its_row(
     [
         ([0, 10], [4, 3], "EpisodeStarts[1]"),  # runs past S = 12
         ([-1], [2], "EpisodeStarts[0]"),
-        ([0], [-2], "EpisodeStarts[0]"),
+        ([0], [-2], "EpisodeLengths[0]"),
         ([0, 0], [12, 12], "EpisodeLengths"),  # more steps than the buffer holds
         ([0, 1], [2], "EpisodeLengths"),
+        ([0, 2], [4, 4], "EpisodeStarts[1]"),  # overlaps episode 0
     ],
 )
-def test_bad_episodes_raise_replay_errors(starts: list[int], lengths: list[int], field: str) -> None:
+def test_bad_episodes_raise_replay_errors_at_the_boundary(
+    starts: list[int], lengths: list[int], field: str
+) -> None:
     with pytest.raises(ReplayError) as info:
-        build_action_chunks(np.array(starts), np.array(lengths), ACTIONS, 2)
+        TrainingData.from_arrays(starts, lengths, np.zeros((S, 2), np.float32), ACTIONS, 2)
     assert info.value.field == field
 
 
@@ -139,28 +144,32 @@ def test_training_data_pairs_each_chunk_with_its_observation_row() -> None:
     assert data.action_width == 2 and data.chunk_size == 2
 
 
-def test_training_data_from_a_replay_like_object() -> None:
-    class Replay:
-        episode_starts = STARTS
-        episode_lengths = LENGTHS
-        observations = (np.ones((S, 2), dtype=np.float32),)
-        actions = (ACTIONS,)
+def test_training_data_from_a_replay_buffer_reads_stream_0() -> None:
+    replay = ReplayBuffer(
+        replay_buffer_id=3,
+        episode_starts=STARTS,
+        episode_lengths=LENGTHS,
+        observations=(np.ones((S, 2), dtype=np.float32), np.zeros((S, 5), dtype=np.float32)),
+        actions=(ACTIONS, np.zeros((S, 1), dtype=np.float32)),
+    )
+    data = TrainingData.from_replay(replay, 1)
+    assert data.observations.shape == (9, 2) and data.targets.shape == (9, 2)
 
-    data = TrainingData.from_replay(Replay(), 1)
-    assert data.targets.shape == (9, 2)
 
-
-def test_non_finite_values_in_used_rows_are_bad_data_naming_the_step() -> None:
+def test_non_finite_values_anywhere_in_the_recording_are_bad_data_naming_stream_row_and_column() -> None:
     observations = np.zeros((S, 2), dtype=np.float32)
-    observations[5, 1] = np.nan  # step 5 is in no episode: ignored
-    TrainingData.from_arrays(STARTS, LENGTHS, observations, ACTIONS, 1)
-    observations[7, 1] = np.inf
-    with pytest.raises(BadData, match="step 7, column 1"):
+    observations[5, 1] = np.nan  # step 5 is in no episode: the recording is broken all the same
+    with pytest.raises(BadData, match=r"non-finite values: Observations\[0\] row 5 column 1 is nan$"):
         TrainingData.from_arrays(STARTS, LENGTHS, observations, ACTIONS, 1)
     actions = ACTIONS.copy()
-    actions[10, 0] = np.nan
-    with pytest.raises(BadData, match="Actions of replay step 10"):
+    actions[10, 0] = -np.inf
+    with pytest.raises(BadData, match=r"Actions\[0\] row 10 column 0 is -inf"):
         TrainingData.from_arrays(STARTS, LENGTHS, np.zeros((S, 2), np.float32), actions, 3)
+    rewards = np.zeros((S, 1), dtype=np.float32)
+    rewards[0, 0] = np.inf  # a stream flow matching does not read
+    replay = ReplayBuffer(0, STARTS, LENGTHS, (observations * 0,), (ACTIONS,), rewards=(rewards,))
+    with pytest.raises(BadData, match=r"Rewards\[0\] row 0 column 0 is inf"):
+        TrainingData.from_replay(replay, 1)
 
 
 def test_no_steps_at_all_is_bad_data() -> None:
