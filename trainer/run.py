@@ -1,8 +1,9 @@
 """The training story, top to bottom (CleanRL style): connect, receive, train, sync, snapshot, finish.
 
-Transport-agnostic: everything the engine sends or receives goes through a :class:`trainer.links`
-link. Each section below is short and in execution order; the maths lives in flow/model/step, the bytes
-in protocol/.
+Transport-agnostic: everything the engine sends or receives goes through a :class:`trainer.links.
+TrainerLink`. Each section below is short and in execution order; the maths lives in flow/model/steps,
+the bytes in protocol/, the replay buffer's checks at the data boundary (:meth:`trainer.data.
+TrainingData.from_replay`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import platform
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from protocol.config import SessionConfig
 from protocol.errors import ProtocolError
-from protocol.replay import ReplayBuffer, check_finite
+from protocol.nne.layers import Layer
 from protocol.snapshot import Snapshot, read_snapshot, snapshot_with_model, write_snapshot
 from trainer import __version__
 from trainer.errors import BadData, Diverged, PeerGone, Unsupported, WaitTimeout
@@ -27,30 +28,29 @@ from trainer.exitcodes import ExitCode
 from trainer.options import TrainerOptions
 from trainer.progress import STATUS_FILE_NAME, ProgressReporter, log
 from trainer.snapshots import SnapshotWriter
+from trainer.timeouts import Timeouts
 from trainer.trackers import TRACK_EVERY, Trackers
 from trainer.transport.wait import StopRequested
 
 if TYPE_CHECKING:
     from trainer.job import TrainingJob
+    from trainer.links import TrainerLink
 
-__all__ = ["NETWORK_IDS", "TrainerLinkLike", "choose_device", "run_training"]
+__all__ = [
+    "NETWORK_IDS",
+    "LoopEnd",
+    "SyncRounds",
+    "choose_device",
+    "encode_networks",
+    "run_training",
+]
 
 NETWORK_IDS = (0, 1, 2)
 """Denoiser, encoder, decoder: the engine's AddNetwork order (spec §4.3)."""
 NETWORK_ROLES = {0: "denoiser", 1: "encoder", 2: "decoder"}
 SUPPORTED_METHODS = ("FlowMatching",)
-
-
-class TrainerLinkLike(Protocol):
-    def receive_config(self) -> SessionConfig: ...
-    def receive_network(self, network_id: int) -> bytes: ...
-    def receive_experience(self) -> ReplayBuffer: ...
-    def send_network(self, network_id: int, data: bytes, version: int) -> None: ...
-    def send_complete(self) -> None: ...
-    def stop_requested(self) -> bool: ...
-    def ping(self) -> None: ...
-    def finish(self, timeout: float) -> None: ...
-    def close(self) -> None: ...
+DEFAULT_TIMEOUTS = Timeouts()
+"""The documented defaults, for callers without a run's own :class:`Timeouts` (tests, tools)."""
 
 
 class InterruptLike(Protocol):
@@ -89,25 +89,27 @@ def _choose_threads(options: TrainerOptions, work: int) -> int:
     return 1 if work < THREADS_WORK_THRESHOLD else min(cores, 8)
 
 
-@dataclass
-class _Syncer:
-    """Sends networks 0, 1, 2 back (spec §7.1: a full round, in order, back to back)."""
+def encode_networks(received: Mapping[int, Snapshot], layers: Mapping[int, Layer]) -> dict[int, bytes]:
+    """Networks 0, 1, 2 as snapshot bytes: each trained layer tree in its received snapshot's header
+    (same size, spec §6.1). For a sync round and for the snapshot files alike."""
+    blobs = {}
+    for nid in NETWORK_IDS:
+        blobs[nid] = write_snapshot(snapshot_with_model(received[nid], layers[nid]))
+        # read_snapshot checked that the received bytes were exactly this long, so the header's size is
+        # the received size: no need to re-encode the received snapshot every round.
+        if len(blobs[nid]) != received[nid].header.snapshot_size:
+            raise AssertionError("snapshot size changed")  # snapshot_with_model guarantees this
+    return blobs
 
-    link: TrainerLinkLike
-    received: Mapping[int, Snapshot]
+
+@dataclass
+class SyncRounds:
+    """Sends networks 0, 1, 2 back to the engine (spec §7.1: a full round, in order, back to back);
+    numbers the rounds' versions and counts them."""
+
+    link: TrainerLink
     version: int = 0
     rounds: int = 0
-
-    def encode(self, layers: Mapping[int, object]) -> dict[int, bytes]:
-        blobs = {}
-        for nid in NETWORK_IDS:
-            snapshot = snapshot_with_model(self.received[nid], layers[nid])  # type: ignore[arg-type]
-            blobs[nid] = write_snapshot(snapshot)
-            # read_snapshot checked that the received bytes were exactly this long, so the header's size
-            # is the received size: no need to re-encode the received snapshot every round.
-            if len(blobs[nid]) != self.received[nid].header.snapshot_size:
-                raise AssertionError("snapshot size changed")  # snapshot_with_model guarantees this
-        return blobs
 
     def send(self, blobs: Mapping[int, bytes]) -> None:
         self.version += 1
@@ -121,6 +123,27 @@ class _Syncer:
         self.rounds += 1
 
 
+class LoopEnd(Enum):
+    """Why the training loop (section 5) ended; section 6 finishes accordingly. The value is the log's
+    wording."""
+
+    DONE = "every iteration ran"
+    STOPPED = "the game asked to stop"
+    """Between steps or while a sync round waited (spec §2.4): snapshot and checkpoint, no Complete."""
+    INTERRUPTED = "interrupted"
+    """SIGINT/SIGTERM: finish as usual (networks, Complete), exit code INTERRUPTED."""
+    DIVERGED = "diverged"
+    """Non-finite loss (or a lost scale-out rank): the last good weights go back, exit code DIVERGED."""
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if self is LoopEnd.INTERRUPTED:
+            return ExitCode.INTERRUPTED
+        if self is LoopEnd.DIVERGED:
+            return ExitCode.DIVERGED
+        return ExitCode.OK
+
+
 def _banner(device: torch.device, threads: int) -> None:
     log(
         f"la-trainer {__version__} | python {platform.python_version()} | torch {torch.__version__} | "
@@ -129,17 +152,20 @@ def _banner(device: torch.device, threads: int) -> None:
 
 
 def run_training(
-    link: TrainerLinkLike,
+    link: TrainerLink,
     *,
     options: TrainerOptions,
     task_dir: Path | None,
     interrupt: InterruptLike | None = None,
     prepare_job: Callable[[TrainingJob], TrainingJob] | None = None,
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
 ) -> ExitCode:
     """The whole run. Returns OK, INTERRUPTED or DIVERGED; raises on every other failure.
 
     ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
-    it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`)."""
+    it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`). ``timeouts``:
+    the keep-alive period while we are busy (``ping_interval``) and the wait for the engine after
+    Complete (``close``)."""
     from trainer.job import TrainingJob
     from trainer.links import KeepAlive
 
@@ -175,15 +201,12 @@ def run_training(
                 f"network {nid} ({NETWORK_ROLES[nid]}) from the game is not a valid snapshot: {error}"
             ) from error
 
-    # 3. The replay buffer, sent once (spec §5.3).
+    # 3. The replay buffer, sent once (spec §5.3); checked where it becomes training data (step 4).
     reporter.phase("receiving experience")
     replay = link.receive_experience()
-    problems = check_finite(replay)
-    if problems:
-        raise BadData("the replay buffer holds non-finite values: " + "; ".join(problems))
 
     # 4. Build the job while pinging: the engine may be waiting on us (spec §2.4).
-    with KeepAlive(link, 1.0):
+    with KeepAlive(link, timeouts.ping_interval):
         device = choose_device(config.trainer.device, options.device)
         settings = config.model.flow_matching
         batch = config.trainer.training.batch_size
@@ -210,81 +233,79 @@ def run_training(
         f"(observation {job.observation_dim}, action {job.action_dim}, chunk {settings.action_chunk_size})"
     )
 
-    syncer = _Syncer(link, received)
+    sync = SyncRounds(link)
     writer = (
         SnapshotWriter.for_run(task_dir, config, options) if config.trainer.training.save_snapshots else None
     )
-    trackers = Trackers.for_run(config.trainer, task_dir, getattr(link, "comm_type", "Unknown"))
+    trackers = Trackers.for_run(config.trainer, task_dir, link.comm_type)
     every_iterations = options.sync_every_iterations
     every_seconds = options.sync_every_seconds
     snapshot_every = config.trainer.training.iterations_per_snapshot
 
     # 5. Train: step, report, sync, snapshot; stop when asked.
-    outcome = ExitCode.OK
+    end = LoopEnd.DONE
     last_sync = time.monotonic()
     iteration = job.start_iteration
-    stopped_by = ""
     try:
         while iteration < total:
             if link.stop_requested():
-                stopped_by = "the game asked to stop"
+                end = LoopEnd.STOPPED
                 break
             if interrupt is not None and interrupt.is_set():
-                stopped_by = "interrupted"
-                outcome = ExitCode.INTERRUPTED
+                end = LoopEnd.INTERRUPTED
                 break
             loss = job.step(iteration)
             iteration += 1
             reporter.update(iteration, loss)
             if iteration % TRACK_EVERY == 0:
-                trackers.scalars(iteration, {"loss": loss, "sync_rounds": float(syncer.rounds)})
+                trackers.scalars(iteration, {"loss": loss, "sync_rounds": float(sync.rounds)})
             now = time.monotonic()
             due = (every_iterations > 0 and iteration % every_iterations == 0) or (
                 every_seconds > 0 and now - last_sync >= every_seconds
             )
             if due and iteration < total:
-                syncer.send(syncer.encode(job.export()))
-                reporter.syncs = syncer.rounds
+                sync.send(encode_networks(received, job.export()))
+                reporter.syncs = sync.rounds
                 last_sync = now
             if writer is not None and snapshot_every > 0 and iteration % snapshot_every == 0:
-                writer.write(iteration, syncer.encode(job.export()))
-            job.maybe_checkpoint(iteration, writer)
+                writer.write(iteration, encode_networks(received, job.export()))
+            job.maybe_checkpoint(iteration)
     except Diverged as error:
         log(f"la-trainer: {error}. Sending the last good weights.")
-        outcome = ExitCode.DIVERGED
+        end = LoopEnd.DIVERGED
     except StopRequested:
         # Stop arrived while a sync round waited on the game (spec §2.4: the engine does not wait for the
         # rest of the round): end as for a Stop seen between steps, keeping what was trained.
-        stopped_by = "the game asked to stop"
+        end = LoopEnd.STOPPED
     except (PeerGone, WaitTimeout):
         # The game went away mid-run: keep what was trained so `--resume` can continue it, then let the
         # error name the phase and set the exit code as usual.
-        job.maybe_checkpoint(iteration, writer, force=True)
+        job.maybe_checkpoint(iteration, force=True)
         raise
 
     finally:
         if iteration % TRACK_EVERY and iteration > job.start_iteration:
-            trackers.scalars(iteration, {"loss": job.smoothed_loss, "sync_rounds": float(syncer.rounds)})
+            trackers.scalars(iteration, {"loss": job.smoothed_loss, "sync_rounds": float(sync.rounds)})
         trackers.close()
 
     # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
     reporter.update(iteration, job.smoothed_loss, force=True)
-    if stopped_by == "the game asked to stop":
-        log(f"la-trainer: stopped at iteration {iteration}: {stopped_by}.")
-        final = syncer.encode(job.export())
+    final = encode_networks(received, job.export())
+    if end is LoopEnd.STOPPED:
+        # Spec §2.4: after a Stop the engine tears its side down at once; exit cleanly without sending.
+        log(f"la-trainer: stopped at iteration {iteration}: {end.value}.")
         if writer is not None:
             writer.write(iteration, final)
-        job.maybe_checkpoint(iteration, writer, force=True)
+        job.maybe_checkpoint(iteration, force=True)
         reporter.phase("stopped")
-        return ExitCode.OK
-    final = syncer.encode(job.export())
-    with KeepAlive(link, 1.0):
+        return end.exit_code
+    with KeepAlive(link, timeouts.ping_interval):
         if writer is not None:
             writer.write(iteration, final)
-        job.maybe_checkpoint(iteration, writer, force=True)
-    syncer.send(final)
+        job.maybe_checkpoint(iteration, force=True)
+    sync.send(final)
     link.send_complete()
-    reporter.syncs = syncer.rounds
-    reporter.phase("complete", f"la-trainer: done after {iteration} iterations, {syncer.rounds} sync rounds.")
-    link.finish(30.0)
-    return outcome
+    reporter.syncs = sync.rounds
+    reporter.phase("complete", f"la-trainer: done after {iteration} iterations, {sync.rounds} sync rounds.")
+    link.finish(timeouts.close)
+    return end.exit_code
