@@ -1,4 +1,4 @@
-"""Scale-out with torchrun (trainer/distributed.py).
+"""Scale-out with torchrun (the trainer/distributed/ package).
 
 Facts: torchrun's environment is read or refused with the variable named; the global batch divides
 evenly or the error says how to fix it; rank r's rows are exactly the r-th slice of one global draw; every
@@ -64,10 +64,12 @@ from trainer.distributed import (
     encode_config,
     encode_options,
     is_collective_failure,
+    launch,
     local_batch_size,
     sync_start_state,
     torchrun_command,
 )
+from trainer.distributed.job import weights_checksum
 from trainer.errors import LaunchError, PeerGone
 from trainer.exitcodes import ExitCode
 from trainer.job import TrainingJob
@@ -371,13 +373,13 @@ def test_a_rank_that_built_another_job_is_refused() -> None:
 def test_the_weights_checksum_sees_one_flipped_bit() -> None:
     job = make_job()
     params = list(job.model.trainable_parameters())
-    before = td._weights_checksum(iter(params))
+    before = weights_checksum(iter(params))
     assert before.shape == (1,) and 0 <= int(before) < td.CHECKSUM_MODULUS
-    assert torch.equal(td._weights_checksum(iter(params)), before)  # no state, same answer
+    assert torch.equal(weights_checksum(iter(params)), before)  # no state, same answer
     with torch.no_grad():
         flat = params[0].view(-1)
         flat[0] = torch.tensor(flat[0].item()).view(torch.int32).add(1).view(torch.float32)
-    assert not torch.equal(td._weights_checksum(iter(params)), before)
+    assert not torch.equal(weights_checksum(iter(params)), before)
 
 
 def test_collective_failures_are_told_from_bugs() -> None:
@@ -438,7 +440,7 @@ def test_outside_torchrun_main_is_the_ordinary_trainer(clean_env: pytest.MonkeyP
         calls.append(list(argv))
         return 3
 
-    clean_env.setattr(td, "engine_main", fake_engine_main)
+    clean_env.setattr(launch, "engine_main", fake_engine_main)
     assert td.main(["Training", "Socket", "127.0.0.1:1", "/tmp"]) == 3
     clean_env.setenv("RANK", "0")
     clean_env.setenv("WORLD_SIZE", "1")
