@@ -1,7 +1,8 @@
 """The three flow-matching networks, built as the engine builds them before training (spec §6.3, §10 items 1-4).
 
-The game-side emulator sends these as the initial networks 0 (denoiser), 1 (encoder), 2 (decoder), so
-the trainer under test sees the layer structure, sizes and headers a real engine would send:
+The game-side emulator sends these as the initial networks 0 (denoiser), 1 (encoder), 2 (decoder), and
+``la-trainer record`` exports them for a recording, so the trainer sees the layer structure, sizes and
+headers a real engine would send:
 
 * **Denoiser** (velocity field): input ``[encoded obs (EncodedObsSize) ‖ x_t (ActDim) ‖ t (1)]``, output
   ``ActDim``. ``Sequence[Sequence[MLP], Denormalize(ActDim, 0, 1)]`` where the nested MLP has
@@ -19,11 +20,27 @@ Initialisation is the builder default, KaimingUniform (§10 item 3): weights ~ U
 bit-exact with the engine, only the structure, sizes and byte counts are (which is all a trainer may rely
 on, §6.3).
 
-Schema types the flow-matching path never needs (Or*, Set, Conv*, Sparse) raise ``NotImplementedError``:
-their Aggregate/Conv layer semantics are [INF] in the spec, and an emulator that guessed them would test
-the trainer against a guess.
+What is built, per schema node type (spec §4.4 lists them all):
 
-Pure numpy: no torch here, so the emulator stands apart from the trainer it tests.
+============================================  =====================================  ==================
+node type                                     encoder                                decoder
+============================================  =====================================  ==================
+Null                                          Copy(0)                                Copy(0)
+Continuous, (Named)Discrete{Ex,In}clusive     Denormalize                            Denormalize
+And                                           Concat                                 Concat
+Array                                         Array                                  Array
+Encoding                                      Sequence[element, MLP]                 the element's
+OrExclusive, OrInclusive                      refused                                Concat if mask-free
+Set, Conv1d, Conv2d, Sparse, NamedSparse      refused                                (not action types)
+a type this module does not know              refused                                refused
+============================================  =====================================  ==================
+
+A refused node raises :class:`UnsupportedSchemaError` (a :class:`~protocol.errors.ConfigError`) naming
+the node's type, its path in the schema and the network. The engine builds Or/Set/Conv encoders from
+Aggregate*/Conv* layers whose wiring the spec leaves [INF]; a builder that guessed it would produce
+networks the engine never sends and test the trainer (or train a user's policy) against a guess.
+
+Pure numpy: no torch here, so the game side that uses it stands apart from the trainer it tests.
 """
 
 from __future__ import annotations
@@ -58,6 +75,7 @@ __all__ = [
     "DENOISER_SEED_SALT",
     "ENCODER_SEED_SALT",
     "FlowMatchingNetworks",
+    "UnsupportedSchemaError",
     "activation_layer",
     "build_decoder",
     "build_denoiser",
@@ -92,6 +110,30 @@ _OBS_LEAVES = frozenset(
     }
 )
 _ACTION_LEAVES = _OBS_LEAVES
+
+
+class UnsupportedSchemaError(ConfigError):
+    """A schema node this builder cannot turn into the engine's layers (see the module's table).
+
+    ``element_type`` is the node's ``Type``, ``path`` where it sits in the schema (e.g.
+    ``ObservationSchema.Elements.Targets``) and ``network`` the network being built (``"encoder"`` or
+    ``"decoder"``).
+    """
+
+    def __init__(self, network: str, element_type: str, path: str, reason: str) -> None:
+        super().__init__(
+            f"{path}: cannot build the {network} for its {element_type} schema element: {reason}", field=path
+        )
+        self.network = network
+        self.element_type = element_type
+        self.path = path
+
+
+_GUESSED_SEMANTICS = "the engine's layers for it are not documented (spec §6.3 [INF]), so none is guessed"
+_MASKED_OR = (
+    "its vector holds a presence mask besides its elements' vectors, which a Concat of the elements' "
+    "decoders cannot read, and the engine's layout for it is not documented (spec §4.4 [INF])"
+)
 
 # [INF] The 5.8 observation Encoding JSON carries only EncodingSize (§4.4), yet the engine builds its
 # MLP with a layer count and an activation. We read them when present (under the action schema's key
@@ -243,15 +285,15 @@ def _encoder(node: SchemaNode, rng: np.random.Generator, path: str) -> Layer:
         )
         layer = Sequence((sub, head))
     else:
-        raise NotImplementedError(f"emulator does not build {t} encoders")
+        raise UnsupportedSchemaError("encoder", t, path, _GUESSED_SEMANTICS)
     return _check_built(layer, node, node.encoded_size, path, "encoder")
 
 
 def build_encoder(obs_schema: SchemaNode, rng: np.random.Generator) -> Layer:
     """The observation encoder for ``obs_schema`` (input ObsVectorSize, output EncodedSize), spec §6.3.
 
-    Raises ``NotImplementedError`` for Or*/Set/Conv*/Sparse nodes and :class:`ConfigError` when the
-    schema's sizes disagree with the layers they imply.
+    Raises :class:`UnsupportedSchemaError` for Or*/Set/Conv*/Sparse nodes and nodes of unknown types,
+    and :class:`ConfigError` when the schema's sizes disagree with the layers they imply.
     """
     return _encoder(obs_schema, rng, "ObservationSchema")
 
@@ -266,7 +308,7 @@ def _decoder(node: SchemaNode, path: str) -> Layer:
     elif t == "And" or (t in ("OrExclusive", "OrInclusive") and _or_without_mask(node)):
         # §10 item 2: And (and Or) elements become a Concat of the children's decoders. [INF] An Or whose
         # vector also holds a presence mask cannot be a plain Concat of its children, so only a mask-free
-        # Or layout is built; the others raise below.
+        # Or layout is built; the others are refused below.
         subs = tuple(_decoder(child, f"{path}.Elements.{name}") for name, child in node.elements)
         sizes = tuple(child.vector_size for _, child in node.elements)
         layer = Concat(sizes, sizes, subs)
@@ -278,8 +320,10 @@ def _decoder(node: SchemaNode, path: str) -> Layer:
     elif t == "Encoding" and node.element is not None:
         # §10 item 2: an Encoding element adds no decoder layer.
         layer = _decoder(node.element, f"{path}.Element")
+    elif t in ("OrExclusive", "OrInclusive"):
+        raise UnsupportedSchemaError("decoder", t, path, _MASKED_OR)
     else:
-        raise NotImplementedError(f"emulator does not build {t} decoders")
+        raise UnsupportedSchemaError("decoder", t, path, _GUESSED_SEMANTICS)
     return _check_built(layer, node, node.vector_size, path, "decoder")
 
 
@@ -294,6 +338,12 @@ def build_decoder(action_schema: SchemaNode, chunk_size: int = 1) -> Layer:
     ``Array(chunk_size, ActionVectorSize, ActionVectorSize, step decoder)``: the chunk is ``chunk_size``
     consecutive action vectors, step-major, and every step shares one set of normalisation statistics.
     This is the only layout that both matches the width ActDim and keeps one Denormalize per schema leaf.
+    Spec §11 item 5 has since read the engine's builder as leaf-major instead (each leaf a
+    ``Denormalize(Num·C)``, an And a Concat of those). Following it changes every chunked session's
+    networks and the order of the values in a chunk, which trainers build step-major (§5.4 [INF]), so it
+    is a change of its own, made in the builder and the trainer at once.
+
+    Raises :class:`UnsupportedSchemaError` for nodes it cannot build (see the module's table).
     """
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigError(

@@ -15,6 +15,7 @@ from protocol.cityhash import city_hash32, denoiser_compatibility_hash, to_int32
 from protocol.engine.networks import (
     DENOISER_SEED_SALT,
     ENCODER_SEED_SALT,
+    UnsupportedSchemaError,
     build_decoder,
     build_denoiser,
     build_encoder,
@@ -236,8 +237,60 @@ def test_encoding_node_defaults_to_one_hidden_layer_elu() -> None:
 def test_unsupported_encoder_types_raise(node_type: str, extra: dict[str, Any]) -> None:
     schema = {"VectorSize": 3, "EncodedSize": 4, "Type": node_type, **extra}
     node = parse_schema(schema, "observation")
-    with pytest.raises(NotImplementedError, match=f"emulator does not build {node_type} encoders"):
+    with pytest.raises(UnsupportedSchemaError, match=f"cannot build the encoder for its {node_type}") as info:
         build_encoder(node, np.random.default_rng(0))
+    assert (info.value.network, info.value.element_type, info.value.path) == (
+        "encoder",
+        node_type,
+        "ObservationSchema",
+    )
+
+
+def test_an_unsupported_element_deep_in_the_schema_is_named_by_its_path() -> None:
+    schema = {
+        "VectorSize": 5,
+        "EncodedSize": 6,
+        "Type": "And",
+        "Elements": {
+            "Speed": _obs_continuous(2, 0),
+            "Cells": {"VectorSize": 3, "EncodedSize": 4, "Type": "Sparse", "Num": 3, "Index": 1},
+        },
+    }
+    with pytest.raises(UnsupportedSchemaError) as info:
+        build_flow_matching_networks(
+            parse_schema(schema, "observation"), parse_schema(_act_continuous(2), "action")
+        )
+    assert isinstance(info.value, ConfigError)  # the trainer's exit-code mapping: bad data
+    assert (info.value.element_type, info.value.path) == ("Sparse", "ObservationSchema.Elements.Cells")
+    assert "ObservationSchema.Elements.Cells" in str(info.value) and "Sparse" in str(info.value)
+
+
+def test_an_unknown_schema_type_is_refused_by_both_builders() -> None:
+    obs = parse_schema({"VectorSize": 2, "EncodedSize": 2, "Type": "Quaternion"}, "observation", warnings=[])
+    act = parse_schema(
+        {"VectorSize": 2, "DistributionSize": 4, "EncodedSize": 4, "ModifierSize": 5, "Type": "Quaternion"},
+        "action",
+        warnings=[],
+    )
+    with pytest.raises(UnsupportedSchemaError, match="Quaternion"):
+        build_encoder(obs, np.random.default_rng(0))
+    with pytest.raises(UnsupportedSchemaError, match="Quaternion") as info:
+        build_decoder(act)
+    assert (info.value.network, info.value.path) == ("decoder", "ActionSchema")
+
+
+def test_an_or_action_with_a_presence_mask_is_refused() -> None:
+    schema = {
+        "VectorSize": 3,
+        "DistributionSize": 4,
+        "EncodedSize": 4,
+        "ModifierSize": 6,
+        "Type": "OrExclusive",
+        "Elements": {"A": _act_continuous(2, 0)},
+    }
+    with pytest.raises(UnsupportedSchemaError, match="presence mask") as info:
+        build_decoder(parse_schema(schema, "action", warnings=[]))
+    assert info.value.element_type == "OrExclusive"
 
 
 # --------------------------------------------------------------------------------------------------
