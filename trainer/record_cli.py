@@ -2,27 +2,63 @@
 
 The recorder's files hold only data, so this builds what ``BeginTraining`` would (spec §5.3, §6.3): the
 replay buffer (one episode per record), the engine's configs and the three initial networks from the
-schema JSON the recorder writes (``{"ObservationSchema": ..., "ActionSchema": ...}``, spec §5.1). It
-writes them as a ``TrainingMaterials`` export (spec §5.5) and trains that folder offline, so the output
-is exactly what ``la-trainer offline`` produces: ``Networks/network_<id>.bin`` snapshots.
+schema JSON the recorder writes (``{"ObservationSchema": ..., "ActionSchema": ...}``, spec §5.1), with
+:mod:`protocol.engine`. It writes them as a ``TrainingMaterials`` export (spec §5.5) and trains that
+folder offline, so the output is exactly what ``la-trainer offline`` produces:
+``Networks/network_<id>.bin`` snapshots.
+
+Refusals exit with the documented codes (README, "Exit codes"): an unreadable file or a ``--schema`` file
+that is not the recorder's schema file is a usage error (2); records or schemas that cannot be trained
+on, including a schema element the engine's builder cannot build, are bad data (6), as the trainer maps
+the same errors everywhere else.
 """
 
 from __future__ import annotations
 
-import json
 import sys
+from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import click
 
-__all__ = ["record_command"]
+from protocol.config import (
+    ACTIVATION_FUNCTIONS,
+    FlowMatchingSettings,
+    FlowMatchingTrainingSettings,
+    TrainerConfig,
+    parse_json,
+)
+from protocol.engine.configs import build_engine_session, format_time_stamp
+from protocol.engine.export import TRAINING_MATERIALS_DIR, encode_training_materials, export_folder_name
+from protocol.errors import ProtocolError
+from protocol.record import Record, read_records, records_to_replay_buffer
+from trainer.app import run_with_link
+from trainer.exitcodes import ExitCode
+from trainer.links import FileTrainerLink
+from trainer.options import load_options
+from trainer.transport.atomic import atomic_write
+
+__all__ = ["RecordBadData", "RecordUsageError", "record_command"]
 
 
-def _load_schemas(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+class RecordUsageError(click.ClickException):
+    """A file named on the command line cannot be read."""
+
+    exit_code = ExitCode.USAGE
+
+
+class RecordBadData(click.ClickException):
+    """The records or schemas cannot be trained on (as :func:`trainer.errors.exit_code_for` maps the
+    ConfigError, RecordError and ReplayError these come from)."""
+
+    exit_code = ExitCode.BAD_DATA
+
+
+def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object]]:
     try:
-        document = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError) as error:
+        document = parse_json(path.read_bytes(), str(path))
+    except (OSError, ProtocolError) as error:
         raise click.BadParameter(f"{path} is not readable JSON: {error}", param_hint="--schema") from None
     if (
         not isinstance(document, dict)
@@ -65,9 +101,7 @@ def _load_schemas(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     "--hidden-layers", type=int, default=1, show_default=True, help="HiddenLayerNum (engine default 1)."
 )
 @click.option("--hidden-size", type=int, default=128, show_default=True, help="HiddenLayerSize.")
-@click.option(
-    "--activation", type=click.Choice(["ELU", "ReLU", "TanH", "GELU"]), default="ELU", show_default=True
-)
+@click.option("--activation", type=click.Choice(ACTIVATION_FUNCTIONS), default="ELU", show_default=True)
 @click.option("--chunk", type=int, default=1, show_default=True, help="ActionChunkSize.")
 @click.option("--embed/--no-embed", default=True, show_default=True, help="EmbedNormalizationsInWeights.")
 @click.option(
@@ -94,46 +128,52 @@ def record_command(
     Example:
       la-trainer record Saved/Recordings/*.record --schema Saved/Recordings/schema.json --out runs/rec1
     """
-    from emulator.game import FileExport
-    from emulator.session import EngineTask, SessionSettings, build_session_config
-    from protocol.errors import ProtocolError
-    from protocol.record import Record, read_records, records_to_replay_buffer
-    from trainer.app import run_with_link
-    from trainer.links import FileTrainerLink
-    from trainer.options import load_options
-
     obs_schema, act_schema = _load_schemas(schema_path)
     all_records: list[Record] = []
     for path in records:
         try:
             all_records.extend(read_records(path.read_bytes()))
-        except (OSError, ProtocolError) as error:
-            raise click.ClickException(f"{path}: {error}") from None
+        except OSError as error:
+            raise RecordUsageError(f"{path}: {error}") from None
+        except ProtocolError as error:
+            raise RecordBadData(f"{path}: {error}") from None
     if not all_records:
-        raise click.ClickException("the .record files hold no records: nothing to train on")
+        raise RecordBadData("the .record files hold no records: nothing to train on")
     try:
         replay = records_to_replay_buffer(all_records)
     except ProtocolError as error:
-        raise click.ClickException(f"records do not fit together: {error}") from None
-    task = EngineTask("record", obs_schema, act_schema, replay)
-    settings = SessionSettings(
-        iteration_num=iterations,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        seed=seed,
-        device=device,
+        raise RecordBadData(f"records do not fit together: {error}") from None
+    now = datetime.now()
+    trainer = TrainerConfig(
+        time_stamp=format_time_stamp(now),
+        training=FlowMatchingTrainingSettings(
+            iteration_num=iterations, learning_rate=learning_rate, batch_size=batch_size, seed=seed
+        ),
         embed_normalizations_in_weights=embed,
+        device=device,
+        # The engine writes its IntermediatePath here; ours is the --out folder that holds the export.
+        temp_directory=str(out.resolve()),
+    )
+    flow_matching = FlowMatchingSettings(
+        action_chunk_size=chunk,
         hidden_layer_num=hidden_layers,
         hidden_layer_size=hidden_size,
-        activation=activation,
-        action_chunk_size=chunk,
+        activation_function=activation,
     )
     try:
-        session, snapshots = build_session_config(task, settings, None)
-    except (ProtocolError, NotImplementedError) as error:
-        raise click.ClickException(f"cannot build the engine's networks for this schema: {error}") from None
-    out.mkdir(parents=True, exist_ok=True)
-    folder = FileExport(out).write(session, dict(enumerate(snapshots)), replay)
+        session, snapshots = build_engine_session(
+            obs_schema, act_schema, replay, trainer=trainer, flow_matching=flow_matching
+        )
+        files = encode_training_materials(session, dict(enumerate(snapshots)), replay)
+    except ProtocolError as error:
+        raise RecordBadData(
+            f"cannot build the engine's networks and configs for this schema: {error}"
+        ) from None
+    folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
+    for relative, data in files.items():
+        target = folder / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, data)
     click.echo(f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}")
     options = load_options(folder)
     code = run_with_link(lambda flag: FileTrainerLink(folder), options=options, task_dir=folder)
