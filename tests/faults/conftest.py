@@ -37,6 +37,8 @@ from typing import Any
 
 import pytest
 
+from emulator.drive import Ending, TrainingStalled, begin_training, tick_until_end
+from emulator.game import COMPLETED
 from emulator.launch import REPO_ROOT
 from emulator.session import EngineTask, SessionSettings
 from protocol.snapshot import read_snapshot
@@ -322,6 +324,7 @@ def _poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def game_child_main(spec_path: str) -> None:
     """The engine in its own process: spawn the trainer, play up to ``die_at``, SIGKILL itself."""
+    from emulator.drive import begin_training
     from emulator.game import ShmGame, SocketGame
     from emulator.launch import EngineLayout, make_task_dir, shared_memory_command, socket_command
     from emulator.session import build_session_config, free_tcp_port
@@ -396,17 +399,15 @@ def game_child_main(spec_path: str) -> None:
             )
         elif proc is not None:
             game.process_alive = lambda: proc.poll() is None
-        game.begin(config)
-        game.send_network(0, blobs[0])
-        if spec.die_at == "between-networks":
-            time.sleep(0.2)
-            die(spec.die_at)
-        game.send_network(1, blobs[1])
-        game.send_network(2, blobs[2])
-        if spec.die_at == "during-experience":
-            time.sleep(0.2)
-            die(spec.die_at)
-        game.send_experience(task.replay_buffer)
+
+        def network_sent(network_id: int) -> None:
+            # between-networks: after network 0; during-experience: after the last, before the replay buffer.
+            due = {"between-networks": 0, "during-experience": len(blobs) - 1}.get(spec.die_at)
+            if network_id == due:
+                time.sleep(0.2)
+                die(spec.die_at)
+
+        begin_training(game, config, blobs, task.replay_buffer, after_network=network_sent)
         if spec.die_at == "during-training":
             _poll(lambda: snapshots.is_dir() and any(snapshots.glob("*.bin")), STARTUP_S, "a snapshot")
             die(spec.die_at)
@@ -725,10 +726,8 @@ class LiveGame:
         return self.task_dir / "Snapshots"
 
     def begin(self) -> None:
-        self.game.begin(self.config)
-        for network_id, blob in enumerate(self.blobs):
-            self.game.send_network(network_id, blob)
-        self.game.send_experience(self.task.replay_buffer)
+        """BeginTraining: configs, networks 0-2, the replay buffer."""
+        begin_training(self.game, self.config, self.blobs, self.task.replay_buffer)
 
     def wait_files(self, pattern: str, count: int = 1) -> list[Path]:
         found: list[Path] = wait_for(
@@ -741,23 +740,15 @@ class LiveGame:
 
     def play_until_end(self, timeout: float = 60.0) -> None:
         """Tick as the engine does until Completed (then DoneTraining), or fail after ``timeout``."""
-        from emulator.game import Completed
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.game.has_network_or_completed():
-                result = self.game.receive_round()
-                if isinstance(result, Completed):
-                    self.completed = True
-                    self.game.done()
-                    return
-                self.rounds.append(result)
-            elif not self.proc.alive() and not self.game.has_network_or_completed():
-                pytest.fail(
-                    f"the trainer exited ({self.proc.returncode}) without Complete:\n{self.proc.output()}"
-                )
-            time.sleep(0.005)
-        pytest.fail(f"no Complete within {timeout:g} s:\n{self.proc.output()}")
+        try:
+            ended = tick_until_end(
+                self.game, tick_s=0.005, on_round=self.rounds.append, timeout_s=timeout, trainer=self.proc
+            )
+        except TrainingStalled as stall:
+            pytest.fail(f"{stall}:\n{self.proc.output()}")
+        assert ended.how is Ending.COMPLETED, ended
+        self.completed = True
+        self.game.done()
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         code = self.proc.wait(timeout)
@@ -864,24 +855,13 @@ def shm_in_process(
 
 
 def send_all(game: Any, config: Any, blobs: tuple[bytes, ...], replay: Any = None) -> None:
-    """BeginTraining: configs, networks 0-2, the replay buffer (the task's unless given)."""
-    game.begin(config)
-    for network_id, blob in enumerate(blobs):
-        game.send_network(network_id, blob)
-    game.send_experience(replay if replay is not None else small_task().replay_buffer)
+    """BeginTraining with the fault suite's default recording (the small task's unless ``replay``)."""
+    begin_training(game, config, blobs, replay if replay is not None else small_task().replay_buffer)
 
 
 def play_rounds(game: Any, timeout: float = 90.0) -> list[Any]:
     """Tick until Completed; returns the rounds (the last item is the Completed marker)."""
-    from emulator.game import Completed
-
     got: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if game.has_network_or_completed():
-            result = game.receive_round()
-            got.append(result)
-            if isinstance(result, Completed):
-                return got
-        time.sleep(0.001)
-    raise TimeoutError(f"no Complete within {timeout:g} s ({len(got)} rounds)")
+    ended = tick_until_end(game, tick_s=0.001, on_round=got.append, timeout_s=timeout)
+    assert ended.how is Ending.COMPLETED, ended
+    return [*got, COMPLETED]

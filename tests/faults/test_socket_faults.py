@@ -228,14 +228,15 @@ def test_a_trickle_of_one_byte_per_second_does_not_extend_the_timeout(
 def test_a_second_client_is_refused_and_the_first_session_completes(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    from emulator.game import Completed, SocketGame
+    from emulator.drive import Ending, begin_training, tick_until_end
+    from emulator.game import SocketGame
 
     second: list[str] = []
 
     def game(port: int) -> None:
         first = SocketGame.connect("127.0.0.1", port, timeout=10.0)
-        try:
-            first.begin(CONFIG)
+
+        def intrude() -> None:
             time.sleep(0.05)  # the trainer has accepted the first client and closed its listener
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=2.0) as intruder:
@@ -244,15 +245,10 @@ def test_a_second_client_is_refused_and_the_first_session_completes(
                     second.append("eof" if intruder.recv(1) == b"" else "data")
             except OSError as error:
                 second.append(type(error).__name__)
-            for network_id, blob in enumerate(BLOBS):
-                first.send_network(network_id, blob)
-            first.send_experience(TASK.replay_buffer)
-            deadline = time.monotonic() + 20.0
-            while time.monotonic() < deadline:
-                if first.has_network_or_completed() and isinstance(first.receive_round(), Completed):
-                    return
-                time.sleep(0.001)
-            raise TimeoutError("no Complete")
+
+        try:
+            begin_training(first, CONFIG, BLOBS, TASK.replay_buffer, after_configs=intrude)
+            assert tick_until_end(first, tick_s=0.001, timeout_s=20.0).how is Ending.COMPLETED
         finally:
             first.done()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from emulator.drive import Ending, TickAction, tick_until_end
 from emulator.game import Completed
 from protocol.controls import Control
 from tests.faults.conftest import (
@@ -62,13 +63,10 @@ def _training(game: Any) -> bool:
 
 def _tick_until(game: Any, predicate: Any, timeout: float = 60.0) -> None:
     """Take whatever rounds arrive (as the engine does every tick) until ``predicate`` holds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the game script waited too long")
-        if game.has_network_or_completed():
-            game.receive_round()
-        time.sleep(0.001)
+    ended = tick_until_end(
+        game, tick_s=0.001, on_tick=lambda: TickAction.LEAVE if predicate() else None, timeout_s=timeout
+    )
+    assert ended.how is Ending.LEFT, ended
 
 
 def stop_before_config(game: Any, config: Any, blobs: Any) -> None:
