@@ -57,23 +57,11 @@ from emulator.launch import (
     socket_command,
 )
 from emulator.tasks import Demonstrations
-from protocol.config import (
-    DataConfig,
-    FlowMatchingSettings,
-    FlowMatchingTrainingSettings,
-    ModelConfig,
-    NetworkConfig,
-    ReplayBufferConfig,
-    SchemaEntry,
-    SessionConfig,
-    StreamConfig,
-    TrainerConfig,
-)
+from protocol.config import FlowMatchingSettings, FlowMatchingTrainingSettings, SessionConfig, TrainerConfig
 from protocol.controls import Control
-from protocol.engine.networks import build_flow_matching_networks
+from protocol.engine.configs import build_engine_session, format_time_stamp
 from protocol.guid import GuidFormat, format_guid, new_guid, os_shm_name, platform_guid_string
 from protocol.replay import ReplayBuffer
-from protocol.schema import parse_schema
 from protocol.snapshot import SnapshotHeader, read_snapshot_header
 from trainer.transport.shm import region_exists
 
@@ -88,9 +76,6 @@ __all__ = [
     "run_engine_session",
     "shm_entries",
 ]
-
-NETWORK_NAMES = ("Denoiser", "Encoder", "Decoder")
-"""Asset names the emulator gives networks 0, 1, 2 (the engine sends the assets' short names, §4.3)."""
 
 _DEV_SHM = Path("/dev/shm")
 _TRANSIENT_RECHECK_S = 0.3
@@ -303,60 +288,16 @@ class _HarnessFailure(Exception):
 # Building the engine's configs and networks
 
 
-def _time_stamp(now: datetime) -> str:
-    """The FM trainer's TimeStamp: ``%Y-%m-%d_%H-%M-%s`` with milliseconds last (§10 item 11)."""
-    return f"{now:%Y-%m-%d_%H-%M}-{now.microsecond // 1000:03d}"
-
-
 def build_session_config(
     task: EngineTask, settings: SessionSettings, temp_directory: str | None
 ) -> tuple[SessionConfig, tuple[bytes, bytes, bytes]]:
-    """The configs the engine would build for ``task`` (§4) and the initial snapshots (§6.3), id order."""
-    obs_node = parse_schema(dict(task.observation_schema), "observation", "Schemas.Observations[0].Schema")
-    act_node = parse_schema(dict(task.action_schema), "action", "Schemas.Actions[0].Schema")
-    nets = build_flow_matching_networks(
-        obs_node,
-        act_node,
-        settings.action_chunk_size,
-        settings.hidden_layer_num,
-        settings.hidden_layer_size,
-        settings.activation,
-        settings.seed,
-    )
-    snapshots = nets.to_bytes()
-    rb = task.replay_buffer
-    data = DataConfig(
-        replay_buffers=(
-            ReplayBufferConfig(
-                id=0,
-                # §4.2: MaxEpisodeNum / MaxStepNum are the recording's counts, so the buffer is always full.
-                max_episode_num=rb.episode_num,
-                max_step_num=rb.step_num,
-                has_completions=False,
-                has_final_observations=False,
-                has_final_memory_states=False,
-                observations=(StreamConfig(0, "Observations", 0, obs_node.vector_size),),
-                actions=(StreamConfig(0, "Actions", 0, act_node.vector_size),),
-            ),
-        ),
-        observation_schemas=(SchemaEntry(0, "Default", obs_node),),
-        action_schemas=(SchemaEntry(0, "Default", act_node),),
-    )
-    model = ModelConfig(
-        networks=(
-            NetworkConfig(0, NETWORK_NAMES[0], len(snapshots[0])),
-            NetworkConfig(1, NETWORK_NAMES[1], len(snapshots[1]), input_schema_id=0),
-            NetworkConfig(2, NETWORK_NAMES[2], len(snapshots[2]), output_schema_id=0),
-        ),
-        flow_matching=FlowMatchingSettings(
-            action_chunk_size=settings.action_chunk_size,
-            hidden_layer_num=settings.hidden_layer_num,
-            hidden_layer_size=settings.hidden_layer_size,
-            activation_function=settings.activation,
-        ),
-    )
+    """The configs the engine would build for ``task`` (§4) and the initial snapshots (§6.3), id order.
+
+    The engine's assembly is :func:`protocol.engine.configs.build_engine_session`; this maps the session's
+    knobs onto its trainer config (TimeStamp: now, as the engine stamps it) and model settings.
+    """
     trainer = TrainerConfig(
-        time_stamp=_time_stamp(datetime.now()),
+        time_stamp=format_time_stamp(datetime.now()),
         training=FlowMatchingTrainingSettings(
             iteration_num=settings.iteration_num,
             learning_rate=settings.learning_rate,
@@ -369,7 +310,20 @@ def build_session_config(
         device=settings.device,
         temp_directory=temp_directory,
     )
-    return SessionConfig(trainer, data, model), snapshots
+    flow_matching = FlowMatchingSettings(
+        action_chunk_size=settings.action_chunk_size,
+        hidden_layer_num=settings.hidden_layer_num,
+        hidden_layer_size=settings.hidden_layer_size,
+        activation_function=settings.activation,
+    )
+    config, snapshots = build_engine_session(
+        task.observation_schema,
+        task.action_schema,
+        task.replay_buffer,
+        trainer=trainer,
+        flow_matching=flow_matching,
+    )
+    return config, snapshots
 
 
 # ---------------------------------------------------------------------------------------------------------

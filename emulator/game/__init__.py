@@ -20,10 +20,9 @@ from emulator.game.common import (
     Failure,
     ReceivedNetwork,
     RoundResult,
-    engine_json_bytes,
     engine_load_snapshot,
 )
-from emulator.game.files import ExportFlags, FileExport
+from emulator.game.files import FileExport
 from emulator.game.shm import ShmGame
 from emulator.game.socket import SocketGame
 
@@ -33,13 +32,11 @@ __all__ = [
     "ENGINE_POLL_S",
     "Completed",
     "EngineFailure",
-    "ExportFlags",
     "Failure",
     "FileExport",
     "ReceivedNetwork",
     "RoundResult",
     "ShmGame",
     "SocketGame",
-    "engine_json_bytes",
     "engine_load_snapshot",
 ]

@@ -17,7 +17,6 @@ bound.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -39,7 +38,6 @@ __all__ = [
     "ProcessAlive",
     "ReceivedNetwork",
     "RoundResult",
-    "engine_json_bytes",
     "engine_load_snapshot",
     "engine_wait",
     "new_platform_guid",
@@ -149,19 +147,6 @@ def engine_load_snapshot(data: bytes, expected_size: int, network_id: int) -> Sn
             f"but the snapshot is {len(data)} bytes; the engine's next receive of this network would fail",
         )
     return header
-
-
-def engine_json_bytes(obj: object) -> bytes:
-    """A config object as the engine's file writer stores it.
-
-    [INF] UE's JSON writer pretty-prints with tabs, and ``FFileHelper::SaveStringToFile`` (AutoDetect)
-    writes plain 8-bit text when every character is ASCII, else UTF-16LE with a BOM. Paths with non-ASCII
-    characters therefore produce UTF-16 files, which the trainer must read.
-    """
-    text = json.dumps(obj, indent="\t", ensure_ascii=False)
-    if text.isascii():
-        return text.encode("ascii")
-    return b"\xff\xfe" + text.encode("utf-16-le")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """The engine's offline export: the ``TrainingMaterials/<YYYYmmddHHMMSS>/`` folder (spec §5.5).
 
-No process and no waits: :meth:`FileExport.write` writes what the engine's FileTrainer writes, and
+No process and no waits. What goes into the folder is :func:`protocol.engine.export.encode_training_materials`
+(shared with ``la-trainer record``); :meth:`FileExport.write` adds what is the engine's own: the folder
+under its IntermediatePath, TempDirectory, and the engine's way of writing each file.
 :meth:`FileExport.read_networks` loads the trained networks back with the engine's snapshot checks.
 """
 
@@ -11,32 +13,21 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from enum import Enum
 from pathlib import Path
-from typing import Final
 
-from emulator.game.common import (
-    EngineFailure,
-    Failure,
-    ReceivedNetwork,
-    engine_json_bytes,
-    engine_load_snapshot,
+from emulator.game.common import EngineFailure, Failure, ReceivedNetwork, engine_load_snapshot
+from protocol.config import SessionConfig
+from protocol.engine.export import (
+    ALL_EXPORT_FLAGS,
+    TRAINING_MATERIALS_DIR,
+    ExportFlags,
+    encode_training_materials,
+    export_folder_name,
+    network_file,
 )
-from protocol.config import SessionConfig, data_config_to_json, model_config_to_json, trainer_config_to_json
-from protocol.replay import ReplayBuffer, ReplayLayout
+from protocol.replay import ReplayBuffer
 
-__all__ = ["ExportFlags", "FileExport"]
-
-
-class ExportFlags(Enum):
-    """``ETrainerExportFlags``: which parts an export writes."""
-
-    REPLAY_BUFFERS = "ReplayBuffers"
-    NETWORKS = "Networks"
-    TRAINER_CONFIG = "TrainerConfig"
-
-
-_ALL_EXPORT_FLAGS: Final = frozenset(ExportFlags)
+__all__ = ["FileExport"]
 
 
 class FileExport:
@@ -47,7 +38,8 @@ class FileExport:
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
-        # §5.5: "<name>.tmp" first, then renamed over the final name.
+        # §5.5: "<name>.tmp" first, then renamed over the final name. The engine's naming, not the
+        # trainer's atomic writer: a trainer watching the folder sees exactly what a game leaves there.
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(data)
@@ -59,41 +51,22 @@ class FileExport:
         networks: Mapping[int, bytes],
         replay_buffer: ReplayBuffer,
         *,
-        flags: frozenset[ExportFlags] = _ALL_EXPORT_FLAGS,
+        flags: frozenset[ExportFlags] = ALL_EXPORT_FLAGS,
         now: datetime | None = None,
     ) -> Path:
         """Write the chosen parts and return the export folder.
 
-        ``trainer-config.json`` carries TempDirectory (the intermediate dir); the data config has no
-        model keys; the replay file holds only starts, lengths, observations and actions (§5.5).
+        ``trainer-config.json`` carries TempDirectory (the intermediate dir unless the session names
+        one); the data config has no model keys; the replay file holds only starts, lengths,
+        observations and actions (§5.5).
         """
-        stamp = (now or datetime.now()).strftime("%Y%m%d%H%M%S")
-        folder = self.intermediate_dir / "TrainingMaterials" / stamp
+        folder = self.intermediate_dir / TRAINING_MATERIALS_DIR / export_folder_name(now or datetime.now())
         folder.mkdir(parents=True, exist_ok=True)
-        if ExportFlags.TRAINER_CONFIG in flags:
-            trainer = session.trainer
-            if trainer.temp_directory is None:
-                trainer = replace(trainer, temp_directory=str(self.intermediate_dir.resolve()))
-            self._write(
-                folder / "trainer-config.json", engine_json_bytes(trainer_config_to_json(trainer, True))
-            )
-        if ExportFlags.REPLAY_BUFFERS in flags:
-            self._write(
-                folder / "ReplayBuffers" / "data-config.json",
-                engine_json_bytes(data_config_to_json(session.data)),
-            )
-            layout = ReplayLayout.from_config(session.replay_buffer(replay_buffer.replay_buffer_id))
-            self._write(
-                folder / "ReplayBuffers" / f"replaybuffer_{replay_buffer.replay_buffer_id}.bin",
-                layout.encode_file(replay_buffer),
-            )
-        if ExportFlags.NETWORKS in flags:
-            self._write(
-                folder / "Networks" / "model-config.json",
-                engine_json_bytes(model_config_to_json(session.model)),
-            )
-            for network_id, data in sorted(networks.items()):
-                self._write(folder / "Networks" / f"network_{network_id}.bin", bytes(data))
+        if session.trainer.temp_directory is None:
+            trainer = replace(session.trainer, temp_directory=str(self.intermediate_dir.resolve()))
+            session = replace(session, trainer=trainer)
+        for name, data in encode_training_materials(session, networks, replay_buffer, flags=flags).items():
+            self._write(folder / name, data)
         return folder
 
     @staticmethod
@@ -102,7 +75,7 @@ class FileExport:
         config), in id order; what an import of offline results would see."""
         out = []
         for net in sorted(session.model.networks, key=lambda n: n.id):
-            path = Path(folder) / "Networks" / f"network_{net.id}.bin"
+            path = Path(folder) / network_file(net.id)
             try:
                 data = path.read_bytes()
             except OSError as exc:

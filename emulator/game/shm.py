@@ -30,7 +30,6 @@ from emulator.game.common import (
     ProcessAlive,
     ReceivedNetwork,
     RoundResult,
-    engine_json_bytes,
     engine_load_snapshot,
     engine_wait,
     new_platform_guid,
@@ -41,6 +40,7 @@ from protocol.config import (
     SessionConfig,
     SharedMemoryConfig,
     data_config_to_json,
+    engine_json_bytes,
     shared_memory_config_to_json,
     trainer_config_to_json,
 )

@@ -14,7 +14,6 @@ at most one leading ping per tick (§10 item 8). The rules all transports share 
 from __future__ import annotations
 
 import contextlib
-import json
 import select
 import socket
 import time
@@ -35,7 +34,7 @@ from emulator.game.common import (
     engine_wait,
     receive_round,
 )
-from protocol.config import SessionConfig, socket_config_to_json
+from protocol.config import SessionConfig, dump_json, socket_config_to_json
 from protocol.errors import ProtocolError
 from protocol.replay import ReplayBuffer, ReplayLayout
 from protocol.stream import (
@@ -164,7 +163,7 @@ class SocketGame:
         self._decoder = GameStreamDecoder(self.network_sizes)
         raw = raw_config
         if raw is None:
-            raw = json.dumps(socket_config_to_json(session), indent="\t", ensure_ascii=False).encode("utf-8")
+            raw = dump_json(socket_config_to_json(session))
         self._send(encode_config(raw), "the config")
         self._note(f"config sent ({len(raw)} bytes)")
 

@@ -31,7 +31,6 @@ from emulator.game import (
     ReceivedNetwork,
     ShmGame,
     SocketGame,
-    engine_json_bytes,
     engine_load_snapshot,
 )
 from emulator.launch import (
@@ -55,6 +54,7 @@ from emulator.session import (
 from protocol.argv import parse_launch_argv
 from protocol.config import (
     SessionConfig,
+    engine_json_bytes,
     parse_json,
     parse_shared_memory_config,
     session_from_files,
