@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.errors import Interrupted, LaunchError, PeerGone, WaitTimeout
-from trainer.exitcodes import ExitCode
+from trainer.errors import LaunchError
 from trainer.transport.shm import SharedRegion, region_exists
-from trainer.transport.wait import StopRequested, wait_until
 
 posix_ipc = pytest.importorskip("posix_ipc")
 
@@ -190,74 +187,3 @@ def test_region_exists(shm_name: str) -> None:
     assert not region_exists(shm_name)
     engine_region(shm_name, 40)
     assert region_exists(shm_name)
-
-
-# --- wait_until: the polling loop every shared-memory hand-off uses -----------------------------------
-
-
-def test_wait_until_returns_the_first_truthy_value() -> None:
-    calls = iter([0, None, "", 42, 43])
-    assert wait_until(lambda: next(calls), timeout=1, what="x", poll_interval=0.001) == 42
-
-
-def test_wait_until_times_out_naming_what() -> None:
-    start = time.monotonic()
-    with pytest.raises(WaitTimeout) as info:
-        wait_until(lambda: False, timeout=0.05, what="network 1 from the engine", poll_interval=0.001)
-    assert 0.05 <= time.monotonic() - start < 1.0
-    assert "timed out after 0.05 s waiting for network 1 from the engine" in str(info.value)
-
-
-def test_wait_until_peer_gone_beats_timeout() -> None:
-    with pytest.raises(PeerGone) as info:
-        wait_until(
-            lambda: False,
-            timeout=5,
-            what="the config",
-            poll_interval=0.001,
-            peer_alive=lambda: False,
-            peer_check_interval=0.01,
-        )
-    assert "the engine went away while waiting for the config" in str(info.value)
-
-
-def test_wait_until_checks_the_peer_before_reporting_a_timeout() -> None:
-    # peer_check_interval longer than the timeout: the final check still reports the real cause.
-    with pytest.raises(PeerGone):
-        wait_until(
-            lambda: False,
-            timeout=0.02,
-            what="x",
-            poll_interval=0.001,
-            peer_alive=lambda: False,
-            peer_check_interval=10,
-        )
-
-
-def test_wait_until_stop_raises_stop_requested_with_exit_code_ok() -> None:
-    with pytest.raises(StopRequested) as info:
-        wait_until(lambda: False, timeout=5, what="x", poll_interval=0.001, stop=lambda: True)
-    assert info.value.exit_code == ExitCode.OK
-
-
-def test_wait_until_calls_on_poll_before_each_predicate() -> None:
-    seen: list[str] = []
-    state = {"n": 0}
-
-    def on_poll() -> None:
-        seen.append("poll")
-        state["n"] += 1
-
-    def predicate() -> bool:
-        seen.append("check")
-        return state["n"] >= 3
-
-    assert wait_until(predicate, timeout=1, what="x", poll_interval=0.001, on_poll=on_poll) is True
-    assert seen == ["poll", "check"] * 3
-
-
-def test_wait_until_interrupted_raises_interrupted() -> None:
-    with pytest.raises(Interrupted) as info:
-        wait_until(lambda: False, timeout=5, what="the config", poll_interval=0.001, interrupted=lambda: True)
-    assert info.value.exit_code == ExitCode.INTERRUPTED
-    assert "the config" in str(info.value)

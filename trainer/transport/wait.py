@@ -4,11 +4,18 @@ The engine polls its control block every 1 ms (spec §2.4) and answers a socket 
 of our waits end within a few milliseconds. The loop therefore spins (yielding the CPU with
 ``sleep(0)``) for a short while before falling back to ``poll_interval`` sleeps: hand-offs that are
 already under way cost microseconds, and a long wait (the user still has to start the game) costs one
-wake-up per ``poll_interval``.
+wake-up per ``poll_interval``. A transport that can block on readiness instead (a socket) passes
+``idle``, which replaces both the spin and the sleep.
+
+Each poll runs, in this order: ``on_poll`` (e.g. drain decoded messages), the predicate, ``stop``,
+``check`` (conditions only the caller can see, e.g. a socket's EOF), ``interrupted``, the deadline
+(asking ``peer_alive`` first: a vanished peer explains a timeout better than the timeout itself), the
+periodic ``peer_alive`` check, then ``idle`` or a sleep.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -16,12 +23,18 @@ from typing import TypeVar
 from trainer.errors import Interrupted, PeerGone, TrainerError, WaitTimeout
 from trainer.exitcodes import ExitCode
 
-__all__ = ["SPIN_SECONDS", "StopRequested", "wait_until"]
+__all__ = ["SPIN_SECONDS", "TIMEOUT_HINT", "StopRequested", "parent_watch", "wait_until"]
 
 T = TypeVar("T")
 
 SPIN_SECONDS = 0.002
 """How long a wait yields without sleeping before it sleeps ``poll_interval`` between polls (seconds)."""
+
+TIMEOUT_HINT = (
+    "Check that the game is running and that it uses the same transport settings "
+    "(GUID, address, port), or raise the timeout."
+)
+"""What a :class:`WaitTimeout` suggests by default (a wait that may be waiting on a misconfigured game)."""
 
 
 class StopRequested(TrainerError):
@@ -32,6 +45,16 @@ class StopRequested(TrainerError):
     """
 
     exit_code = ExitCode.OK
+
+
+def parent_watch() -> Callable[[], bool]:
+    """A liveness check for a spawning engine: False once our parent process has changed.
+
+    When the engine that spawned us dies, we are re-parented (to init or a subreaper), so the parent id
+    changes. Comparing with the id at start (rather than testing for 1) also works under subreapers.
+    """
+    initial = os.getppid()
+    return lambda: os.getppid() == initial
 
 
 def wait_until(
@@ -45,6 +68,9 @@ def wait_until(
     stop: Callable[[], bool] | None = None,
     peer_check_interval: float = 0.5,
     interrupted: Callable[[], bool] | None = None,
+    check: Callable[[str], None] | None = None,
+    idle: Callable[[float], None] | None = None,
+    timeout_hint: str = TIMEOUT_HINT,
 ) -> T:
     """Poll ``predicate`` until it returns a truthy value and return that value.
 
@@ -52,7 +78,8 @@ def wait_until(
         predicate: called once per poll; its first truthy result is returned.
         timeout: seconds before :class:`WaitTimeout` (``what`` is named in the message).
         what: a phrase completing "waiting for ...", e.g. ``"network 0 from the engine"``.
-        poll_interval: seconds slept between polls once the initial spin is over.
+        poll_interval: seconds slept between polls once the initial spin is over (with ``idle``: the
+            longest single ``idle`` call).
         peer_alive: checked every ``peer_check_interval`` seconds (and once before timing out); a
             ``False`` raises :class:`PeerGone`. Checked at a slower cadence because it may cost a
             system call (``shm_open``, ``getppid``).
@@ -60,6 +87,11 @@ def wait_until(
         stop: called on every poll; ``True`` raises :class:`StopRequested`.
         peer_check_interval: seconds between ``peer_alive`` checks.
         interrupted: called on every poll; ``True`` (SIGINT/SIGTERM arrived) raises :class:`Interrupted`.
+        check: called with ``what`` on every poll after ``stop``; raises to end the wait on a condition
+            only the caller can see, with its own error (the socket link: a decoded Stop, an EOF).
+        idle: called with the seconds left until the next poll is due, instead of spinning and
+            sleeping; it may return early once there is something to poll for (a readable socket).
+        timeout_hint: the sentence appended to the timeout message (empty: none).
     """
     start = time.monotonic()
     deadline = start + timeout
@@ -73,22 +105,24 @@ def wait_until(
             return result
         if stop is not None and stop():
             raise StopRequested(f"the engine asked the trainer to stop while it was waiting for {what}")
+        if check is not None:
+            check(what)
         if interrupted is not None and interrupted():
             raise Interrupted(f"interrupted while waiting for {what}")
         now = time.monotonic()
-        if peer_alive is not None and now >= next_peer_check:
-            _check_peer(peer_alive, what)
-            next_peer_check = now + peer_check_interval
         if now >= deadline:
-            # A peer that vanished explains a timeout better than the timeout itself.
             if peer_alive is not None:
                 _check_peer(peer_alive, what)
             raise WaitTimeout(
-                f"timed out after {timeout:g} s waiting for {what}. "
-                "Check that the game is running and that it uses the same transport settings "
-                "(GUID, address, port), or raise the timeout."
+                f"timed out after {timeout:g} s waiting for {what}"
+                + (f". {timeout_hint}" if timeout_hint else "")
             )
-        if now < spin_until:
+        if peer_alive is not None and now >= next_peer_check:
+            _check_peer(peer_alive, what)
+            next_peer_check = now + peer_check_interval
+        if idle is not None:
+            idle(min(poll_interval, deadline - now))
+        elif now < spin_until:
             time.sleep(0)
         else:
             time.sleep(min(poll_interval, max(deadline - now, 0.0)))
