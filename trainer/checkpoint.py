@@ -19,10 +19,11 @@ the full unpickler)::
 
 The checksum is embedded (not a sidecar) so one rename publishes data and checksum together.
 
-Writing (:func:`save_checkpoint`): temp file in the same folder, fsync, then the current checkpoint is
-renamed to ``la-trainer-checkpoint.prev.pt`` and the temp file to ``la-trainer-checkpoint.pt``, then the
-folder is fsynced. At every instant at least one complete, checksummed checkpoint exists (the old current
-one, then the previous one, then the new one), so dying mid-write costs at most the newest state.
+Writing (:func:`save_checkpoint`, through :func:`trainer.transport.atomic.atomic_file`): temp file in the
+same folder, fsync, then the current checkpoint is renamed to ``la-trainer-checkpoint.prev.pt`` and the
+temp file to ``la-trainer-checkpoint.pt``, then the folder is fsynced. At every instant at least one
+complete, checksummed checkpoint exists (the old current one, then the previous one, then the new one),
+so dying mid-write costs at most the newest state.
 Reading (:func:`load_latest`) tries the current file, then the previous one, and says why it skipped one.
 """
 
@@ -33,7 +34,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,7 +50,7 @@ from protocol.replay import ReplayBuffer
 from protocol.schema import schema_to_json
 from protocol.snapshot import Snapshot
 from trainer.errors import ResumeRefused, TrainerError
-from trainer.transport.files import fsync_directory
+from trainer.transport.atomic import atomic_file, stale_temp_files
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -80,8 +80,6 @@ MAX_CHECKPOINT_BYTES = 64 * 1024**3
 """Largest checkpoint file read (bytes). A flow-matching model and its AdamW state are megabytes; the
 bound only stops a corrupt or foreign file from being read into memory whole."""
 
-_TEMP_PREFIX = f".{CHECKPOINT_NAME}."
-_TEMP_SUFFIX = ".tmp"
 _NETWORK_ROLES = {0: "denoiser", 1: "encoder", 2: "decoder"}
 _STRUCTURE_TEXT_LIMIT = 4000
 """Characters of a network's structure kept in the fingerprint (a deep encoder can be long; beyond the
@@ -343,32 +341,23 @@ def save_checkpoint(folder: str | os.PathLike[str], state: TrainingState) -> Pat
         "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8),
     }
     current, previous = checkpoint_paths(root)
-    fd, tmp_name = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX, dir=root)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(outer, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+
+    def rotate() -> None:
         if current.exists():
             os.replace(current, previous)
-        os.replace(tmp_name, current)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
-        raise
-    fsync_directory(root)
+
+    with atomic_file(current, before_replace=rotate) as handle:
+        torch.save(outer, handle)
     return current
 
 
 def remove_stale_temp_files(folder: str | os.PathLike[str]) -> list[Path]:
     """Delete temp files a killed checkpoint writer left in ``folder``; returns what was removed."""
-    root = Path(folder)
     removed = []
-    if root.is_dir():
-        for path in root.glob(f"{_TEMP_PREFIX}*{_TEMP_SUFFIX}"):
-            with contextlib.suppress(OSError):
-                path.unlink()
-                removed.append(path)
+    for path in stale_temp_files(checkpoint_paths(folder)[0]):
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path)
     return removed
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
 import msgpack
+
+from trainer.transport.atomic import atomic_write
 
 __all__ = ["STATUS_FILE_NAME", "ProgressReporter", "Status", "log", "read_status", "write_status"]
 
@@ -49,14 +50,9 @@ def write_status(path: Path, status: Status) -> None:
     """Atomically replaces ``path`` (temp file + rename), so readers never see half a file."""
     data = msgpack.packb(asdict(status), use_bin_type=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".status-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # Not durable: the file is rewritten every few seconds from the training loop, where an fsync on a
+    # busy disk could stall a step, and a status lost in a power cut is rewritten by the next run.
+    atomic_write(path, data, durable=False)
 
 
 def read_status(path: Path) -> Status:
@@ -101,7 +97,6 @@ class ProgressReporter:
         self._last_iteration = 0
         self._rate = 0.0
         self.syncs = 0
-        self.loss_history: list[tuple[int, float]] = []
 
     def start(self, total: int, first_iteration: int = 0) -> None:
         """Training begins now: rates and ETA count from here, not from process start."""
@@ -124,7 +119,6 @@ class ProgressReporter:
         if elapsed > 0:
             self._rate = (iteration - self._last_iteration) / elapsed
         self._last, self._last_iteration = now, iteration
-        self.loss_history.append((iteration, loss))
         remaining = (self.total - iteration) / self._rate if self._rate > 0 else math.inf
         pct = 100.0 * iteration / self.total if self.total else 100.0
         if self.tty:

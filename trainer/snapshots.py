@@ -13,7 +13,7 @@ from pathlib import Path
 
 from protocol.config import SessionConfig
 from trainer.options import TrainerOptions
-from trainer.transport.files import atomic_write
+from trainer.transport.atomic import atomic_write
 
 __all__ = ["SnapshotWriter", "safe_file_name"]
 

@@ -249,6 +249,19 @@ def test_a_failing_write_leaves_both_files_and_no_temp(
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+@pytest.mark.skipif(os.name == "nt", reason="POSIX permission bits")
+def test_checkpoints_get_the_mode_open_gives(tmp_path: Path) -> None:
+    """Written through the one atomic writer: not mkstemp's 0600 (a user's backup tool must read it)."""
+    reference = tmp_path / "reference"
+    reference.write_bytes(b"")
+    expected = reference.stat().st_mode & 0o777
+    save_checkpoint(tmp_path, sample_state(1, FP))
+    save_checkpoint(tmp_path, sample_state(2, FP))
+    current, previous = checkpoint_paths(tmp_path)
+    assert current.stat().st_mode & 0o777 == expected
+    assert previous.stat().st_mode & 0o777 == expected
+
+
 # -- fingerprints and resume refusal ------------------------------------------------------------------------
 
 
@@ -305,7 +318,7 @@ def test_resumed_job_continues_bit_for_bit(task: EngineTask, tmp_path: Path) -> 
 
     first = make_job(task, tmp_path)
     first_losses = run_steps(first, 0, 12)
-    assert first.maybe_checkpoint(12, None, force=True) == tmp_path / CHECKPOINT_NAME
+    assert first.maybe_checkpoint(12, force=True) == tmp_path / CHECKPOINT_NAME
     run_steps(first, 12, 15)  # work after the checkpoint is lost in the "crash"
     del first
 
@@ -329,7 +342,7 @@ def test_resume_without_a_checkpoint_starts_fresh(task: EngineTask, tmp_path: Pa
 def test_resume_takes_the_learning_rate_of_this_run(task: EngineTask, tmp_path: Path) -> None:
     job = make_job(task, tmp_path)
     run_steps(job, 0, 3)
-    job.maybe_checkpoint(3, None, force=True)
+    job.maybe_checkpoint(3, force=True)
     resumed = make_job(task, tmp_path, settings=replace(TINY, learning_rate=0.125), resume=True)
     assert [g["lr"] for g in resumed.optimizer.param_groups] == [0.125]
     assert resumed.optimizer.state_dict()["state"]  # the AdamW moments came back
@@ -337,22 +350,22 @@ def test_resume_takes_the_learning_rate_of_this_run(task: EngineTask, tmp_path: 
 
 def test_resume_refuses_other_networks(task: EngineTask, tmp_path: Path) -> None:
     job = make_job(task, tmp_path)
-    job.maybe_checkpoint(0, None, force=True)
+    job.maybe_checkpoint(0, force=True)
     with pytest.raises(ResumeRefused, match="HiddenLayerSize: checkpoint 8, now 16"):
         make_job(task, tmp_path, settings=replace(TINY, hidden_layer_size=16), resume=True)
 
 
 def test_checkpoint_cadence(task: EngineTask, tmp_path: Path) -> None:
     job = make_job(task, tmp_path, every=0.0)
-    assert job.maybe_checkpoint(1, None) is None  # 0: only forced checkpoints
-    path = job.maybe_checkpoint(1, None, force=True)
+    assert job.maybe_checkpoint(1) is None  # 0: only forced checkpoints
+    path = job.maybe_checkpoint(1, force=True)
     assert path is not None and load_checkpoint(path).iteration == 1
     stamp = path.stat().st_mtime_ns
-    assert job.maybe_checkpoint(1, None, force=True) == path  # same iteration: not written again
+    assert job.maybe_checkpoint(1, force=True) == path  # same iteration: not written again
     assert path.stat().st_mtime_ns == stamp
     timed = make_job(task, tmp_path / "timed", every=1e-9)
-    assert timed.maybe_checkpoint(2, None) == tmp_path / "timed" / CHECKPOINT_NAME
-    assert make_job(task, None).maybe_checkpoint(3, None, force=True) is None
+    assert timed.maybe_checkpoint(2) == tmp_path / "timed" / CHECKPOINT_NAME
+    assert make_job(task, None).maybe_checkpoint(3, force=True) is None
 
 
 def test_a_new_job_removes_temp_files_of_a_killed_writer(task: EngineTask, tmp_path: Path) -> None:
@@ -367,9 +380,9 @@ def test_resume_finds_the_previous_task_folder_of_a_spawned_run(task: EngineTask
     """The engine gives each spawned run a new ``<TaskName><TaskId>`` folder (spec §1.2)."""
     earlier = make_job(task, tmp_path / "Training0" / "Snapshots")
     run_steps(earlier, 0, 4)
-    earlier.maybe_checkpoint(4, None, force=True)
+    earlier.maybe_checkpoint(4, force=True)
     other = make_job(task, tmp_path / "Training1" / "Snapshots", settings=replace(TINY, hidden_layer_size=16))
-    other.maybe_checkpoint(0, None, force=True)  # newer, but another experiment: skipped, not refused
+    other.maybe_checkpoint(0, force=True)  # newer, but another experiment: skipped, not refused
     (tmp_path / "Unrelated7" / "Snapshots").mkdir(parents=True)
     assert sibling_checkpoint_folders(tmp_path / "Training2" / "Snapshots") == [
         tmp_path / "Training1" / "Snapshots",

@@ -1,4 +1,4 @@
-"""Export folders (spec §5.5): atomic writes, TrainingMaterials discovery, reading an export back."""
+"""Export folders (spec §5.5): TrainingMaterials discovery, reading an export back, writing networks."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from protocol.replay import ReplayBuffer, ReplayLayout
 from tests.protocol.test_config import DATA, MODEL, TRAINER
 from trainer.errors import BadData, LaunchError
 from trainer.transport.files import (
-    atomic_write,
     find_training_materials,
     network_path,
     read_training_materials,
@@ -75,35 +74,7 @@ def write_export(folder: Path, *, skip: tuple[str, ...] = ()) -> Path:
     return folder
 
 
-# --- atomic_write ---------------------------------------------------------------------------------------
-
-
-def test_atomic_write_replaces_content_and_leaves_no_temp_file(tmp_path: Path) -> None:
-    target = tmp_path / "network_0.bin"
-    target.write_bytes(b"old")
-    atomic_write(target, b"new bytes")
-    assert target.read_bytes() == b"new bytes"
-    atomic_write(target, memoryview(bytearray(b"view")))
-    assert target.read_bytes() == b"view"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["network_0.bin"]
-
-
-def test_atomic_write_failure_keeps_the_old_file_and_removes_the_temp(tmp_path: Path) -> None:
-    target = tmp_path / "x.bin"
-    target.write_bytes(b"old")
-
-    class Unwritable:
-        """Not a buffer: the write fails after the temp file exists."""
-
-    with pytest.raises(TypeError):
-        atomic_write(target, Unwritable())  # type: ignore[arg-type]
-    assert target.read_bytes() == b"old"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin"]
-
-
-def test_atomic_write_to_missing_folder_raises(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        atomic_write(tmp_path / "missing" / "x.bin", b"1")
+# --- trained networks -----------------------------------------------------------------------------------
 
 
 def test_write_network_files(tmp_path: Path) -> None:

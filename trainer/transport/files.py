@@ -1,4 +1,4 @@
-"""The offline transport: the engine's ``TrainingMaterials`` export folder (spec §5.5) and atomic writes.
+"""The offline transport: the engine's ``TrainingMaterials`` export folder (spec §5.5).
 
 Layout of one export (``<IntermediatePath>/TrainingMaterials/<YYYYmmddHHMMSS>/``)::
 
@@ -8,16 +8,15 @@ Layout of one export (``<IntermediatePath>/TrainingMaterials/<YYYYmmddHHMMSS>/``
     Networks/model-config.json
     Networks/network_<id>.bin               raw snapshot bytes (ids 0 denoiser, 1 encoder, 2 decoder)
 
-The engine writes ``<name>.tmp`` then renames; :func:`atomic_write` does the same and also fsyncs, so a
-crash never leaves a half-written network where the engine or a user would pick it up.
+The engine writes ``<name>.tmp`` then renames; trained networks go out through
+:func:`trainer.transport.atomic.atomic_write`, which does the same and also fsyncs, so a crash never leaves
+a half-written network where the engine or a user would pick it up.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -25,8 +24,10 @@ from typing import NamedTuple
 from protocol.config import SessionConfig, parse_json, session_from_files
 from protocol.replay import ReplayBuffer, ReplayLayout
 from trainer.errors import BadData, LaunchError
+from trainer.transport.atomic import atomic_write
 
 __all__ = [
+    "CONFIG_FILE_LIMIT",
     "DATA_CONFIG",
     "MAX_REPLAY_FILE_BYTES",
     "MODEL_CONFIG",
@@ -35,7 +36,6 @@ __all__ = [
     "TRAINER_CONFIG",
     "TRAINING_MATERIALS_DIR",
     "TrainingMaterials",
-    "atomic_write",
     "find_training_materials",
     "network_path",
     "read_training_materials",
@@ -56,8 +56,8 @@ _STAMP = re.compile(r"^\d{14}$")
 MAX_REPLAY_FILE_BYTES = 1 << 40
 """Sanity bound on one ``replaybuffer_<id>.bin`` (1 TiB); the layout then checks the exact size."""
 
-_MAX_CONFIG_FILE_BYTES = 256 * 1024 * 1024
-"""Largest config JSON file read (bytes); real configs are kilobytes."""
+CONFIG_FILE_LIMIT = 256 * 1024 * 1024
+"""Largest config JSON file read from an export or a config folder (bytes); real ones are kilobytes."""
 
 _REQUIRED = (TRAINER_CONFIG, DATA_CONFIG, MODEL_CONFIG)
 """Files an export must hold for training (the export flags may leave parts out, spec §5.5)."""
@@ -71,51 +71,6 @@ def network_path(folder: Path, network_id: int) -> Path:
 def replay_buffer_path(folder: Path, replay_buffer_id: int) -> Path:
     """``<folder>/ReplayBuffers/replaybuffer_<id>.bin``."""
     return folder / REPLAY_BUFFERS_DIR / f"replaybuffer_{replay_buffer_id}.bin"
-
-
-def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
-    """Replace ``path`` with ``data`` so readers see the old file or the new one, never a mix.
-
-    A temporary file in the same directory (``os.replace`` is atomic only within one file system) is
-    written, flushed and fsynced, renamed over the target, and the directory is fsynced so the rename
-    itself survives a power cut. On failure the temporary file is removed.
-    """
-    target = Path(path)
-    directory = target.parent
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        # mkstemp creates 0600; the engine and users expect ordinary files (0666 minus the umask).
-        if os.name != "nt":
-            os.fchmod(fd, 0o666 & ~_current_umask())
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
-        raise
-    fsync_directory(directory)
-
-
-def _current_umask() -> int:
-    # os.umask can only be read by setting it; set it back at once (single-threaded start-up cost only).
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a rename inside ``directory`` durable (POSIX); a no-op on Windows."""
-    # Directories cannot be opened for fsync on Windows; the rename is still atomic there.
-    if os.name == "nt":  # pragma: no cover
-        return
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def find_training_materials(path: str | os.PathLike[str]) -> Path:
@@ -185,9 +140,9 @@ def read_training_materials(folder: str | os.PathLike[str]) -> TrainingMaterials
         protocol.errors.ConfigError / ReplayError: a file is malformed.
     """
     root = Path(folder)
-    trainer_obj = parse_json(_read_file(root / TRAINER_CONFIG, _MAX_CONFIG_FILE_BYTES), TRAINER_CONFIG)
-    data_obj = parse_json(_read_file(root / DATA_CONFIG, _MAX_CONFIG_FILE_BYTES), DATA_CONFIG)
-    model_obj = parse_json(_read_file(root / MODEL_CONFIG, _MAX_CONFIG_FILE_BYTES), MODEL_CONFIG)
+    trainer_obj = parse_json(_read_file(root / TRAINER_CONFIG, CONFIG_FILE_LIMIT), TRAINER_CONFIG)
+    data_obj = parse_json(_read_file(root / DATA_CONFIG, CONFIG_FILE_LIMIT), DATA_CONFIG)
+    model_obj = parse_json(_read_file(root / MODEL_CONFIG, CONFIG_FILE_LIMIT), MODEL_CONFIG)
     config = session_from_files(trainer_obj, data_obj, model_obj)
 
     networks: dict[int, bytes] = {}
