@@ -1,31 +1,19 @@
-"""The trainer's half of a session over each transport (spec §2, §3, §5.5, §7, §10 items 7-9).
+"""The trainer's half of a session over shared memory (spec §2): the control block, network regions and
+replay-buffer regions, driven through the handshake tables of :mod:`protocol.controls`.
 
-One :class:`TrainerLink` protocol, three implementations. The training loop only ever sees the
-protocol, so it reads the same whether the engine talks through shared memory, a socket or an export
-folder. Each link is a short loop around the pure codecs of :mod:`protocol`: the controls table
-(:mod:`protocol.controls`), the stream decoder (:mod:`protocol.stream`) and the replay layout
-(:mod:`protocol.replay`).
-
-Session order, as the engine drives it (§7.1): config → networks 0, 1, 2 → experience (once) → any
-number of rounds "send 0, 1, 2" → Complete. Stop (the engine's ``EndTraining``) may arrive at any time:
-:meth:`TrainerLink.stop_requested` turns True and stays True, and a blocking call that sees it raises
-:class:`~trainer.transport.wait.StopRequested` (exit code 0).
-
-Every blocking call is bounded by a :class:`~trainer.timeouts.Timeouts` field and watches the engine:
-shared memory by the controls region and (spawned mode) the parent process, sockets by EOF.
+The engine's liveness is watched through the control block (it unlinks its regions when it ends, §2.1)
+and, in spawned mode, our parent process.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from protocol.config import (
     SessionConfig,
@@ -34,139 +22,22 @@ from protocol.config import (
     parse_json,
     parse_shared_memory_config,
     session_from_shared_memory,
-    session_from_socket,
 )
 from protocol.controls import CONTROL_BLOCK_BYTES, Control, TrainerControls, init_controls, read_controls
-from protocol.errors import ControlError, GuidError, ProtocolError, StreamError
+from protocol.errors import ControlError, GuidError
 from protocol.guid import os_shm_name, parse_guid, platform_guid_string
 from protocol.replay import ReplayBuffer, ReplayLayout
-from protocol.stream import (
-    NEED_DATA,
-    ConfigMessage,
-    ExperienceMessage,
-    NetworkToTrainer,
-    Stop,
-    TrainerStreamDecoder,
-    encode_complete,
-    encode_network_to_game,
-    encode_ping,
-)
-from trainer.errors import BadData, Interrupted, LaunchError, PeerGone, TrainerError, WaitTimeout
+from trainer.errors import BadData, LaunchError, PeerGone, WaitTimeout
+from trainer.links.base import check_snapshot_size
 from trainer.timeouts import Timeouts
-from trainer.transport.files import (
-    TrainingMaterials,
-    find_training_materials,
-    read_training_materials,
-    write_network_files,
-)
+from trainer.transport.files import CONFIG_FILE_LIMIT
 from trainer.transport.shm import SharedRegion, region_exists
 from trainer.transport.staging import ReplayStaging
-from trainer.transport.tcp import TcpConnection, TcpServer
-from trainer.transport.wait import StopRequested, wait_until
+from trainer.transport.wait import parent_watch, wait_until
 
-__all__ = [
-    "FileTrainerLink",
-    "KeepAlive",
-    "ShmTrainerLink",
-    "SocketTrainerLink",
-    "TrainerLink",
-    "parent_watch",
-]
+__all__ = ["ShmTrainerLink"]
 
 T = TypeVar("T")
-
-CONFIG_FILE_LIMIT = 256 * 1024 * 1024
-"""Largest config JSON file read from the config folder (bytes); real ones are kilobytes."""
-
-_SOCKET_POLL_SLICE = 0.05
-"""Seconds per readiness wait on the socket, so peer checks run between them."""
-_BODY_BURST_SECONDS = 0.05
-"""Longest run of back-to-back receives into a message body before the link looks at events again."""
-
-
-class TrainerLink(Protocol):
-    """What the training loop needs from a transport. Calls follow the session order above."""
-
-    def receive_config(self) -> SessionConfig:
-        """Block until the engine's config arrives; parse it."""
-        ...
-
-    def receive_network(self, network_id: int) -> bytes:
-        """The initial snapshot of ``network_id`` (exactly its MaxByteNum bytes)."""
-        ...
-
-    def receive_experience(self) -> ReplayBuffer:
-        """The replay buffer, its arrays copied into process memory (they outlive the transport)."""
-        ...
-
-    def send_network(self, network_id: int, data: bytes, version: int) -> None:
-        """Hand one trained snapshot to the engine (same size as received). Rounds go 0, 1, 2."""
-        ...
-
-    def send_complete(self) -> None:
-        """Training is finished; replaces the next round's network 0 (spec §7.1)."""
-        ...
-
-    def stop_requested(self) -> bool:
-        """Non-blocking: True once the engine asked to stop (and from then on)."""
-        ...
-
-    def ping(self) -> None:
-        """Keep-alive for an engine that waits on us; thread-safe and cheap."""
-        ...
-
-    def finish(self, timeout: float) -> None:
-        """After Complete: let the engine wind down before we exit (bounded by ``timeout`` seconds)."""
-        ...
-
-    def close(self) -> None:
-        """Release everything; unlink only what we created. Idempotent."""
-        ...
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Helpers shared by the links
-
-
-def parent_watch() -> Callable[[], bool]:
-    """A liveness check for a spawning engine: False once our parent process has changed.
-
-    When the engine that spawned us dies, we are re-parented (to init or a subreaper), so the parent id
-    changes. Comparing with the id at start (rather than testing for 1) also works under subreapers.
-    """
-    initial = os.getppid()
-    return lambda: os.getppid() == initial
-
-
-def _read_config_file(path: Path) -> bytes:
-    try:
-        size = path.stat().st_size
-        if size > CONFIG_FILE_LIMIT:
-            raise BadData(f"{path} is {size} bytes; config files are at most {CONFIG_FILE_LIMIT} bytes")
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise LaunchError(
-            f"the config file {path} does not exist although the game raised ConfigSignal. Check that the "
-            "trainer reads the folder the game writes to (-LearningAgentsConfigPath in attach mode, "
-            "<task dir>/Configs when the game spawns the trainer)."
-        ) from None
-    except OSError as error:
-        # A directory, a permission problem or an I/O error: name the file, never a traceback.
-        raise LaunchError(f"the config file {path} cannot be read: {error.strerror or error}.") from None
-
-
-def _check_snapshot_size(network_id: int, data: bytes | bytearray | memoryview, expected: int) -> None:
-    # The engine reads exactly MaxByteNum bytes and rejects other sizes (spec §8, §10 item 6).
-    size = memoryview(data).nbytes
-    if size != expected:
-        raise BadData(
-            f"network {network_id} snapshot is {size} bytes but the engine expects exactly {expected} "
-            "(its MaxByteNum); a snapshot must keep the size it was received with."
-        )
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Shared memory (spec §2)
 
 
 class ShmTrainerLink:
@@ -189,7 +60,7 @@ class ShmTrainerLink:
     """
 
     comm_type = "SharedMemory"
-    """Names TensorBoard/MLflow runs (spec §7.2: ``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``)."""
+    """See :attr:`TrainerLink.comm_type <trainer.links.base.TrainerLink.comm_type>`."""
 
     def __init__(
         self,
@@ -409,7 +280,7 @@ class ShmTrainerLink:
             raise ControlError(
                 f"network {network_id} is not in the config", field="network_id", actual=network_id
             )
-        _check_snapshot_size(network_id, data, config.network(network_id).max_byte_num)
+        check_snapshot_size(network_id, data, config.network(network_id).max_byte_num)
         self._wait(
             self._controls.can_send_network,
             self._timeouts.send,
@@ -515,409 +386,19 @@ def _config_folder(path: Path) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Socket (spec §3)
-
-
-class SocketTrainerLink:
-    """Socket link: we listen, the engine connects once and streams config, networks and experience.
-
-    Binding happens in the constructor, so a port in use fails before any waiting. The connection is
-    accepted by :meth:`receive_config`. Messages are decoded as they arrive and kept until asked for:
-    the engine sends networks 0, 1, 2 and the experience without being asked, and Stop at any time.
-
-    ``peer_alive`` (e.g. :func:`parent_watch` when the engine spawned us) and ``interrupted`` are polled
-    during waits, as in :class:`ShmTrainerLink`.
-    """
-
-    comm_type = "Socket"
-    """Names TensorBoard/MLflow runs (spec §7.2: ``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``)."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        timeouts: Timeouts | None = None,
-        *,
-        peer_alive: Callable[[], bool] | None = None,
-        interrupted: Callable[[], bool] | None = None,
-    ) -> None:
-        self._timeouts = timeouts or Timeouts()
-        self._interrupted = interrupted
-        self._server: TcpServer | None = TcpServer(host, port, send_timeout=self._timeouts.send)
-        self._peer_alive_check = peer_alive
-        self._conn: TcpConnection | None = None
-        self._decoder = TrainerStreamDecoder()
-        self._send_lock = threading.Lock()
-        self._config_raw: bytes | None = None
-        self._config: SessionConfig | None = None
-        self._networks: dict[int, bytes] = {}
-        self._experiences: deque[ReplayBuffer] = deque()
-        self.networks_version: int | None = None
-        """NetworksVersion echoed in the last experience message (−1 before any network arrived)."""
-        self._stop = False
-        self._eof = False
-        self._eof_detail = ""
-        self._truncated = False
-        self._closed = False
-
-    @property
-    def port(self) -> int:
-        """The port we listen on (useful with port 0)."""
-        if self._server is None:
-            raise LaunchError("the socket link is no longer listening")
-        return self._server.port
-
-    # -- receiving -------------------------------------------------------------------------------------
-
-    def _connection(self) -> TcpConnection:
-        if self._conn is None:
-            raise PeerGone("the game is not connected")
-        return self._conn
-
-    def _receive_once(self, conn: TcpConnection) -> None:
-        """One recv straight into the decoder's buffer (zero copy for bodies), then, while a large body is
-        arriving, more receives into it back to back (bounded by :data:`_BODY_BURST_SECONDS`, so stop,
-        interrupt and peer checks still run); EOF is remembered."""
-        decoder = self._decoder
-        try:
-            view = decoder.get_buffer(-1)
-            decoder.buffer_updated(conn.recv_into(view, 0.0))
-            # A 1 GiB replay buffer arrives in ~16k receives; going round the event pump for each (two
-            # polls, the event drain, the clock) cost half the loopback rate (la-trainer bench).
-            deadline = time.monotonic() + _BODY_BURST_SECONDS
-            while decoder.body_remaining > 0:
-                n = conn.recv_into_nowait(decoder.get_buffer(-1))
-                decoder.buffer_updated(n)
-                if n == 0 or time.monotonic() >= deadline:
-                    break
-        except PeerGone as error:
-            decoder.buffer_updated(0)
-            self._eof = True
-            self._eof_detail = str(error)
-            try:
-                decoder.eof()
-            except StreamError as truncated:
-                # The engine vanished in the middle of a message: a peer failure, not bad framing.
-                self._truncated = True
-                self._eof_detail = f"the game closed the connection in the middle of a message ({truncated})"
-
-    def _drain_events(self) -> None:
-        if self._truncated:
-            return  # the decoder refuses further use after reporting the truncation
-        while True:
-            event = self._decoder.next_event()
-            if event is NEED_DATA:
-                return
-            if isinstance(event, Stop):
-                self._stop = True
-            elif isinstance(event, ConfigMessage):
-                self._config_raw = event.raw_json
-            elif isinstance(event, NetworkToTrainer):
-                if event.network_id in self._networks:
-                    raise StreamError(
-                        f"network {event.network_id} arrived twice before the trainer used it",
-                        field="NetworkId",
-                        actual=event.network_id,
-                    )
-                self._networks[event.network_id] = bytes(event.data)
-            elif isinstance(event, ExperienceMessage):
-                self.networks_version = event.networks_version
-                # The decoder allocated this body for this message alone: the arrays already own it.
-                self._experiences.append(event.replay)
-
-    def _pump_until(self, ready: Callable[[], T | None], timeout: float, what: str) -> T:
-        conn = self._connection()
-        start = time.monotonic()
-        deadline = start + timeout
-        next_peer_check = start + self._timeouts.peer_check_interval
-        while True:
-            self._drain_events()
-            result = ready()
-            if result is not None:
-                return result
-            if self._stop:
-                raise StopRequested(f"the game asked the trainer to stop while it was waiting for {what}")
-            if self._eof:
-                raise PeerGone(f"the engine went away while waiting for {what}: {self._eof_detail}")
-            if self._interrupted is not None and self._interrupted():
-                raise Interrupted(f"interrupted while waiting for {what}")
-            now = time.monotonic()
-            if now >= deadline:
-                raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what}")
-            if self._peer_alive_check is not None and now >= next_peer_check:
-                if not self._peer_alive_check():
-                    raise PeerGone(f"the engine went away while waiting for {what}")
-                next_peer_check = now + self._timeouts.peer_check_interval
-            if conn.poll_readable(min(deadline - now, _SOCKET_POLL_SLICE)):
-                self._receive_once(conn)
-
-    def receive_config(self) -> SessionConfig:
-        """Accept the engine's connection, then decode its SendConfig message (§3)."""
-        if self._config is not None:
-            return self._config
-        if self._conn is None:
-            server = self._server
-            if server is None:
-                raise LaunchError("the socket link is closed")
-            self._conn = server.accept(
-                self._timeouts.connect, peer_alive=self._peer_alive_check, interrupted=self._interrupted
-            )
-            self._server = None  # accept() closed the listener: no second client (§3)
-        raw = self._pump_until(lambda: self._config_raw, self._timeouts.config, "the game's config message")
-        config = session_from_socket(parse_json(raw, "socket config"))
-        self._decoder.configure(
-            {net.id: net.max_byte_num for net in config.model.networks},
-            {rb.id: ReplayLayout.from_config(rb) for rb in config.data.replay_buffers},
-        )
-        self._config = config
-        return config
-
-    def receive_network(self, network_id: int) -> bytes:
-        """The engine's SendNetwork for ``network_id`` (it sends 0, 1, 2 unasked after the config)."""
-        self._require_config("receive_network")
-        data = self._pump_until(
-            lambda: self._networks.get(network_id),
-            self._timeouts.network,
-            f"network {network_id} from the game",
-        )
-        del self._networks[network_id]
-        return data
-
-    def receive_experience(self) -> ReplayBuffer:
-        """The engine's SendExperience; its arrays live in a buffer allocated for it alone."""
-        self._require_config("receive_experience")
-        return self._pump_until(
-            lambda: self._experiences.popleft() if self._experiences else None,
-            self._timeouts.experience,
-            "the replay buffer from the game",
-        )
-
-    def _require_config(self, what: str) -> SessionConfig:
-        if self._config is None:
-            raise StreamError(f"{what} needs the config first (call receive_config)", field=what)
-        return self._config
-
-    # -- sending ---------------------------------------------------------------------------------------
-
-    def _send(self, parts: list[bytes | memoryview] | list[bytes]) -> None:
-        conn = self._connection()
-        # One lock for every writer: the keep-alive thread's ping must never land inside a message.
-        with self._send_lock:
-            conn.send_parts(parts)
-
-    def send_network(self, network_id: int, data: bytes, version: int) -> None:
-        """RecvNetwork: id, version, snapshot; the snapshot goes out as a view, not joined (§3)."""
-        config = self._require_config("send_network")
-        _check_snapshot_size(network_id, data, config.network(network_id).max_byte_num)
-        self._send(encode_network_to_game(network_id, version, data))
-
-    def send_complete(self) -> None:
-        """RecvComplete; follow with :meth:`finish` (the engine closes the connection, §10 item 7)."""
-        self._send([encode_complete()])
-
-    def ping(self) -> None:
-        """RecvPing, unless a message is being sent right now (its bytes keep the engine's clock alive)."""
-        conn = self._conn
-        if conn is None or self._closed:
-            return
-        if not self._send_lock.acquire(blocking=False):
-            return
-        try:
-            conn.send_parts([encode_ping()])
-        finally:
-            self._send_lock.release()
-
-    # -- stop, finish, close ---------------------------------------------------------------------------
-
-    def stop_requested(self) -> bool:
-        """Non-blocking: read whatever has arrived; True once SendStop was seen.
-
-        Raises:
-            PeerGone: the engine closed the connection without sending Stop (it crashed or quit).
-        """
-        if self._stop:
-            return True
-        conn = self._conn
-        if conn is None or self._closed:
-            return False
-        while not self._eof and conn.poll_readable(0.0):
-            self._receive_once(conn)
-        self._drain_events()
-        if self._stop:
-            return True
-        if self._eof:
-            raise PeerGone(f"the engine went away during training: {self._eof_detail}")
-        return False
-
-    def finish(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) for the engine to close the connection after Complete.
-
-        With a spawned trainer the engine stops reading the socket as soon as our process exits, even
-        with Complete still buffered, so exiting first can lose the Complete (spec §10 item 7).
-        """
-        conn = self._conn
-        if conn is None or self._closed or self._eof:
-            return
-        if not conn.wait_closed(timeout):
-            print(
-                f"la-trainer: warning: the game did not close the connection within {timeout:g} s after "
-                "Complete; exiting anyway.",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def close(self) -> None:
-        """Close the connection and the listener. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        # Take the send lock so a keep-alive ping is not cut in half, but do not wait long: a ping stuck
-        # in a full socket buffer would otherwise hold close() for the whole send timeout.
-        locked = self._send_lock.acquire(timeout=1.0)
-        try:
-            conn, self._conn = self._conn, None
-        finally:
-            if locked:
-                self._send_lock.release()
-        server, self._server = self._server, None
-        if conn is not None:
-            conn.close()
-        if server is not None:
-            server.close()
-
-    def __enter__(self) -> SocketTrainerLink:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Export folder (spec §5.5)
-
-
-class FileTrainerLink:
-    """Offline link over a ``TrainingMaterials`` export: everything is read from files.
-
-    Trained networks are written as ``Networks/network_<id>.bin`` (atomically) into ``output_dir``,
-    which defaults to the export folder itself, replacing the exported initial networks: the same
-    files the engine would import back. Stop never comes; Complete has nowhere to go.
-    """
-
-    comm_type = "Files"
-    """Names TensorBoard/MLflow runs (spec §7.2: ``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``)."""
-
-    def __init__(
-        self, folder: str | os.PathLike[str], *, output_dir: str | os.PathLike[str] | None = None
-    ) -> None:
-        self._folder = find_training_materials(folder)
-        self._output_dir = Path(output_dir) if output_dir is not None else self._folder
-        self._materials: TrainingMaterials | None = None
-        self._next_replay = 0
-
-    @property
-    def folder(self) -> Path:
-        """The export folder in use (the newest stamp when given ``TrainingMaterials``)."""
-        return self._folder
-
-    def _loaded(self) -> TrainingMaterials:
-        if self._materials is None:
-            self._materials = read_training_materials(self._folder)
-        return self._materials
-
-    def receive_config(self) -> SessionConfig:
-        return self._loaded().config
-
-    def receive_network(self, network_id: int) -> bytes:
-        networks = self._loaded().networks
-        if network_id not in networks:
-            raise LaunchError(f"the export {self._folder} has no network {network_id}")
-        return networks[network_id]
-
-    def receive_experience(self) -> ReplayBuffer:
-        buffers = self._loaded().replay_buffers
-        if self._next_replay >= len(buffers):
-            raise LaunchError(f"the export {self._folder} holds no further replay buffer")
-        rb = buffers[self._next_replay]
-        self._next_replay += 1
-        return rb
-
-    def send_network(self, network_id: int, data: bytes, version: int) -> None:
-        config = self._loaded().config
-        _check_snapshot_size(network_id, data, config.network(network_id).max_byte_num)
-        write_network_files(self._output_dir, {network_id: data})
-
-    def send_complete(self) -> None:
-        """Nothing to signal offline."""
-
-    def stop_requested(self) -> bool:
-        return False
-
-    def ping(self) -> None:
-        """Nobody waits on us offline."""
-
-    def finish(self, timeout: float) -> None:
-        """Nothing to wait for offline."""
-
-    def close(self) -> None:
-        """Nothing is held open (files are read whole and written atomically)."""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Keep-alive
-
-
-class _Pingable(Protocol):
-    def ping(self) -> None: ...
-
-
-class KeepAlive:
-    """Pings ``link`` every ``interval`` seconds from a daemon thread while the block runs.
-
-    Use it around slow work during which the engine may be waiting on us (spec §2.4: a waiting engine
-    times out after 10 s without a ping). The first ping goes out at once. A failing ping stops the
-    thread quietly and is kept in :attr:`error`; the next real transfer reports the failure.
-    """
-
-    def __init__(self, link: _Pingable, interval: float) -> None:
-        if interval <= 0:
-            raise ValueError(f"KeepAlive interval must be positive, got {interval}")
-        self._link = link
-        self._interval = interval
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-        self.pings = 0
-        """Pings sent so far (for tests and logs)."""
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self._link.ping()
-            except (TrainerError, ProtocolError, OSError) as error:
-                self.error = error
-                return
-            self.pings += 1
-            if self._done.wait(self._interval):
-                return
-
-    def __enter__(self) -> KeepAlive:
-        if self._thread is not None:
-            raise RuntimeError("KeepAlive is not re-entrant")
-        self._done.clear()
-        self._thread = threading.Thread(target=self._run, name="la-trainer-keepalive", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._done.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            # A ping stuck in a full socket buffer is bounded by the send timeout; do not wait that
-            # long here: the thread is a daemon and ends with the process.
-            thread.join(timeout=1.0)
+def _read_config_file(path: Path) -> bytes:
+    """One config file the engine wrote, read whole after a size check; every failure names the file."""
+    try:
+        size = path.stat().st_size
+        if size > CONFIG_FILE_LIMIT:
+            raise BadData(f"{path} is {size} bytes; config files are at most {CONFIG_FILE_LIMIT} bytes")
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise LaunchError(
+            f"the config file {path} does not exist although the game raised ConfigSignal. Check that the "
+            "trainer reads the folder the game writes to (-LearningAgentsConfigPath in attach mode, "
+            "<task dir>/Configs when the game spawns the trainer)."
+        ) from None
+    except OSError as error:
+        # A directory, a permission problem or an I/O error: name the file, never a traceback.
+        raise LaunchError(f"the config file {path} cannot be read: {error.strerror or error}.") from None

@@ -4,7 +4,7 @@ Framing lives in :mod:`protocol.stream`; this module only moves bytes. Receives 
 caller preallocated (``recv_into``), so a multi-megabyte replay buffer is never rebuilt by
 concatenation, and sends hand the encoder's parts to ``sendmsg`` without joining them.
 
-Threads: one thread receives (the session loop) while another may send (the keep-alive ping); sends
+Threads: one thread receives (the training story) while another may send (the keep-alive ping); sends
 must be serialised by the caller (:class:`trainer.links.SocketTrainerLink` holds the lock) so a ping
 never lands inside a network message.
 """

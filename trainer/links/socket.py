@@ -1,0 +1,323 @@
+"""The trainer's half of a session over a socket (spec §3): we listen, the engine connects once and streams
+config, networks and experience; the bytes are framed by :class:`protocol.stream.TrainerStreamDecoder`.
+
+The engine's liveness is watched through the connection (EOF) and, when it spawned us, our parent process.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from types import TracebackType
+from typing import TypeVar
+
+from protocol.config import SessionConfig, parse_json, session_from_socket
+from protocol.errors import StreamError
+from protocol.replay import ReplayBuffer, ReplayLayout
+from protocol.stream import (
+    NEED_DATA,
+    ConfigMessage,
+    ExperienceMessage,
+    NetworkToTrainer,
+    Stop,
+    TrainerStreamDecoder,
+    encode_complete,
+    encode_network_to_game,
+    encode_ping,
+)
+from trainer.errors import LaunchError, PeerGone
+from trainer.links.base import check_snapshot_size
+from trainer.timeouts import Timeouts
+from trainer.transport.tcp import TcpConnection, TcpServer
+from trainer.transport.wait import StopRequested, wait_until
+
+__all__ = ["SocketTrainerLink"]
+
+T = TypeVar("T")
+
+_SOCKET_POLL_SLICE = 0.05
+"""Seconds per readiness wait on the socket, so peer checks run between them."""
+_BODY_BURST_SECONDS = 0.05
+"""Longest run of back-to-back receives into a message body before the link looks at events again."""
+
+
+class SocketTrainerLink:
+    """Socket link: we listen, the engine connects once and streams config, networks and experience.
+
+    Binding happens in the constructor, so a port in use fails before any waiting. The connection is
+    accepted by :meth:`receive_config`. Messages are decoded as they arrive and kept until asked for:
+    the engine sends networks 0, 1, 2 and the experience without being asked, and Stop at any time.
+
+    ``peer_alive`` (e.g. :func:`~trainer.transport.wait.parent_watch` when the engine spawned us) and
+    ``interrupted`` are polled during waits, as in :class:`~trainer.links.shm.ShmTrainerLink`.
+    """
+
+    comm_type = "Socket"
+    """See :attr:`TrainerLink.comm_type <trainer.links.base.TrainerLink.comm_type>`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeouts: Timeouts | None = None,
+        *,
+        peer_alive: Callable[[], bool] | None = None,
+        interrupted: Callable[[], bool] | None = None,
+    ) -> None:
+        self._timeouts = timeouts or Timeouts()
+        self._interrupted = interrupted
+        self._server: TcpServer | None = TcpServer(host, port, send_timeout=self._timeouts.send)
+        self._peer_alive_check = peer_alive
+        self._conn: TcpConnection | None = None
+        self._decoder = TrainerStreamDecoder()
+        self._send_lock = threading.Lock()
+        self._config_message: ConfigMessage | None = None
+        self._config: SessionConfig | None = None
+        self._networks: dict[int, bytes] = {}
+        self._experiences: deque[ReplayBuffer] = deque()
+        self.networks_version: int | None = None
+        """NetworksVersion echoed in the last experience message (−1 before any network arrived)."""
+        self._stop = False
+        self._eof = False
+        self._eof_detail = ""
+        self._truncated = False
+        self._closed = False
+
+    @property
+    def port(self) -> int:
+        """The port we listen on (useful with port 0)."""
+        if self._server is None:
+            raise LaunchError("the socket link is no longer listening")
+        return self._server.port
+
+    # -- receiving -------------------------------------------------------------------------------------
+
+    def _connection(self) -> TcpConnection:
+        if self._conn is None:
+            raise PeerGone("the game is not connected")
+        return self._conn
+
+    def _receive_once(self, conn: TcpConnection) -> None:
+        """One recv straight into the decoder's buffer (zero copy for bodies), then, while a large body is
+        arriving, more receives into it back to back (bounded by :data:`_BODY_BURST_SECONDS`, so stop,
+        interrupt and peer checks still run); EOF is remembered."""
+        decoder = self._decoder
+        try:
+            view = decoder.get_buffer(-1)
+            decoder.buffer_updated(conn.recv_into(view, 0.0))
+            # A 1 GiB replay buffer arrives in ~16k receives; going round the event pump for each (two
+            # polls, the event drain, the clock) cost half the loopback rate (la-trainer bench).
+            deadline = time.monotonic() + _BODY_BURST_SECONDS
+            while decoder.body_remaining > 0:
+                n = conn.recv_into_nowait(decoder.get_buffer(-1))
+                decoder.buffer_updated(n)
+                if n == 0 or time.monotonic() >= deadline:
+                    break
+        except PeerGone as error:
+            decoder.buffer_updated(0)
+            self._eof = True
+            self._eof_detail = str(error)
+            try:
+                decoder.eof()
+            except StreamError as truncated:
+                # The engine vanished in the middle of a message: a peer failure, not bad framing.
+                self._truncated = True
+                self._eof_detail = f"the game closed the connection in the middle of a message ({truncated})"
+
+    def _drain_events(self) -> None:
+        if self._truncated:
+            return  # the decoder refuses further use after reporting the truncation
+        while True:
+            event = self._decoder.next_event()
+            if event is NEED_DATA:
+                return
+            if isinstance(event, Stop):
+                self._stop = True
+            elif isinstance(event, ConfigMessage):
+                self._config_message = event
+            elif isinstance(event, NetworkToTrainer):
+                if event.network_id in self._networks:
+                    raise StreamError(
+                        f"network {event.network_id} arrived twice before the trainer used it",
+                        field="NetworkId",
+                        actual=event.network_id,
+                    )
+                self._networks[event.network_id] = bytes(event.data)
+            elif isinstance(event, ExperienceMessage):
+                self.networks_version = event.networks_version
+                # The decoder allocated this body for this message alone: the arrays already own it.
+                self._experiences.append(event.replay)
+
+    def _wait(self, ready: Callable[[], T | None], timeout: float, what: str) -> T:
+        """Receive and decode until ``ready()`` returns something (:func:`wait_until`, socket rules)."""
+        conn = self._connection()
+
+        def idle(seconds: float) -> None:
+            # Block on readiness instead of sleeping: data (or EOF) ends the idle time at once.
+            if conn.poll_readable(seconds):
+                self._receive_once(conn)
+
+        return wait_until(
+            ready,
+            timeout=timeout,
+            what=what,
+            poll_interval=_SOCKET_POLL_SLICE,
+            on_poll=self._drain_events,
+            check=self._check_stream,
+            interrupted=self._interrupted,
+            peer_alive=self._peer_alive_check,
+            peer_check_interval=self._timeouts.peer_check_interval,
+            idle=idle,
+            # The game is connected, so address and port are right: the generic advice would mislead.
+            timeout_hint="",
+        )
+
+    def _check_stream(self, what: str) -> None:
+        """What only the stream can end a wait with: the game's Stop, then its EOF."""
+        if self._stop:
+            raise StopRequested(f"the game asked the trainer to stop while it was waiting for {what}")
+        if self._eof:
+            raise PeerGone(f"the engine went away while waiting for {what}: {self._eof_detail}")
+
+    def receive_config(self) -> SessionConfig:
+        """Accept the engine's connection, then decode its SendConfig message (§3)."""
+        if self._config is not None:
+            return self._config
+        if self._conn is None:
+            server = self._server
+            if server is None:
+                raise LaunchError("the socket link is closed")
+            self._conn = server.accept(
+                self._timeouts.connect, peer_alive=self._peer_alive_check, interrupted=self._interrupted
+            )
+            self._server = None  # accept() closed the listener: no second client (§3)
+        message = self._wait(lambda: self._config_message, self._timeouts.config, "the game's config message")
+        config = session_from_socket(parse_json(message.raw_json, "socket config"))
+        self._decoder.configure(
+            {net.id: net.max_byte_num for net in config.model.networks},
+            {rb.id: ReplayLayout.from_config(rb) for rb in config.data.replay_buffers},
+        )
+        self._config = config
+        return config
+
+    def receive_network(self, network_id: int) -> bytes:
+        """The engine's SendNetwork for ``network_id`` (it sends 0, 1, 2 unasked after the config)."""
+        self._require_config("receive_network")
+        self._wait(
+            lambda: network_id in self._networks,
+            self._timeouts.network,
+            f"network {network_id} from the game",
+        )
+        return self._networks.pop(network_id)
+
+    def receive_experience(self) -> ReplayBuffer:
+        """The engine's SendExperience; its arrays live in a buffer allocated for it alone."""
+        self._require_config("receive_experience")
+        self._wait(
+            lambda: bool(self._experiences), self._timeouts.experience, "the replay buffer from the game"
+        )
+        return self._experiences.popleft()
+
+    def _require_config(self, what: str) -> SessionConfig:
+        if self._config is None:
+            raise StreamError(f"{what} needs the config first (call receive_config)", field=what)
+        return self._config
+
+    # -- sending ---------------------------------------------------------------------------------------
+
+    def _send(self, parts: list[bytes | memoryview] | list[bytes]) -> None:
+        conn = self._connection()
+        # One lock for every writer: the keep-alive thread's ping must never land inside a message.
+        with self._send_lock:
+            conn.send_parts(parts)
+
+    def send_network(self, network_id: int, data: bytes, version: int) -> None:
+        """RecvNetwork: id, version, snapshot; the snapshot goes out as a view, not joined (§3)."""
+        config = self._require_config("send_network")
+        check_snapshot_size(network_id, data, config.network(network_id).max_byte_num)
+        self._send(encode_network_to_game(network_id, version, data))
+
+    def send_complete(self) -> None:
+        """RecvComplete; follow with :meth:`finish` (the engine closes the connection, §10 item 7)."""
+        self._send([encode_complete()])
+
+    def ping(self) -> None:
+        """RecvPing, unless a message is being sent right now (its bytes keep the engine's clock alive)."""
+        conn = self._conn
+        if conn is None or self._closed:
+            return
+        if not self._send_lock.acquire(blocking=False):
+            return
+        try:
+            conn.send_parts([encode_ping()])
+        finally:
+            self._send_lock.release()
+
+    # -- stop, finish, close ---------------------------------------------------------------------------
+
+    def stop_requested(self) -> bool:
+        """Non-blocking: read whatever has arrived; True once SendStop was seen.
+
+        Raises:
+            PeerGone: the engine closed the connection without sending Stop (it crashed or quit).
+        """
+        if self._stop:
+            return True
+        conn = self._conn
+        if conn is None or self._closed:
+            return False
+        while not self._eof and conn.poll_readable(0.0):
+            self._receive_once(conn)
+        self._drain_events()
+        if self._stop:
+            return True
+        if self._eof:
+            raise PeerGone(f"the engine went away during training: {self._eof_detail}")
+        return False
+
+    def finish(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for the engine to close the connection after Complete.
+
+        With a spawned trainer the engine stops reading the socket as soon as our process exits, even
+        with Complete still buffered, so exiting first can lose the Complete (spec §10 item 7).
+        """
+        conn = self._conn
+        if conn is None or self._closed or self._eof:
+            return
+        if not conn.wait_closed(timeout):
+            print(
+                f"la-trainer: warning: the game did not close the connection within {timeout:g} s after "
+                "Complete; exiting anyway.",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        """Close the connection and the listener. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        # Take the send lock so a keep-alive ping is not cut in half, but do not wait long: a ping stuck
+        # in a full socket buffer would otherwise hold close() for the whole send timeout.
+        locked = self._send_lock.acquire(timeout=1.0)
+        try:
+            conn, self._conn = self._conn, None
+        finally:
+            if locked:
+                self._send_lock.release()
+        server, self._server = self._server, None
+        if conn is not None:
+            conn.close()
+        if server is not None:
+            server.close()
+
+    def __enter__(self) -> SocketTrainerLink:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
