@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs, parse_launch_argv
 from protocol.errors import ArgvError, ProtocolError
@@ -25,6 +25,10 @@ from trainer.errors import LaunchError, PeerGone, TrainerError, exit_code_for
 from trainer.exitcodes import ExitCode
 from trainer.options import TrainerOptions, load_options
 from trainer.timeouts import Timeouts
+
+if TYPE_CHECKING:
+    # At run time the links (numpy, the transports) are imported only once argv and options are valid.
+    from trainer.links import TrainerLink
 
 __all__ = ["InterruptFlag", "engine_main", "open_link_for_launch", "run_with_link"]
 
@@ -137,20 +141,23 @@ def _error_paragraph(error: BaseException) -> str:
 
 
 def run_with_link(
-    open_link: Callable[[InterruptFlag], object],
+    open_link: Callable[[InterruptFlag], TrainerLink],
     *,
     options: TrainerOptions,
     task_dir: Path | None,
-    stdout: object = None,
-    training: Callable[[Any, InterruptFlag], int] | None = None,
+    training: Callable[[TrainerLink, InterruptFlag], int] | None = None,
+    timeouts: Timeouts | None = None,
 ) -> int:
     """Opens the link, runs the training story, always closes the link; returns the exit code.
 
     ``training(link, flag)`` replaces the default story (:func:`trainer.run.run_training` with this
-    ``options``/``task_dir``); :mod:`trainer.distributed` passes one that adds the rank hooks.
+    ``options``/``task_dir``/``timeouts``); :mod:`trainer.distributed` passes one that adds the rank
+    hooks. ``timeouts``: the keep-alive period and the wait after Complete; None reads
+    :meth:`Timeouts.from_env`, as the launchers do for the waits of the links they open.
     """
+    timeouts = timeouts if timeouts is not None else Timeouts.from_env()
     flag = InterruptFlag()
-    link = None
+    link: TrainerLink | None = None
     try:
         with flag.installed():
             # Open the link (map the control block / listen on the port) BEFORE importing torch, and
@@ -159,11 +166,11 @@ def run_with_link(
             link = open_link(flag)
             from trainer.links import KeepAlive
 
-            with KeepAlive(link, 1.0):  # type: ignore[arg-type]
+            with KeepAlive(link, timeouts.ping_interval):
                 from trainer.run import run_training
             if training is not None:
                 return int(training(link, flag))
-            result = run_training(link, options=options, task_dir=task_dir, interrupt=flag)  # type: ignore[arg-type]
+            result = run_training(link, options=options, task_dir=task_dir, interrupt=flag, timeouts=timeouts)
             return int(result)
     except KeyboardInterrupt:
         _emit("la-trainer: interrupted.")
@@ -182,12 +189,10 @@ def run_with_link(
         return int(exit_code_for(error))
     finally:
         if link is not None:
-            close = getattr(link, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as error:
-                    _emit(f"la-trainer: warning: cleanup failed: {error}")
+            try:
+                link.close()
+            except Exception as error:
+                _emit(f"la-trainer: warning: cleanup failed: {error}")
 
 
 def open_link_for_launch(
@@ -197,7 +202,7 @@ def open_link_for_launch(
     interrupt: InterruptFlag | None = None,
     *,
     engine_spawned: bool = False,
-) -> object:
+) -> TrainerLink:
     """The trainer link that the engine's launch arguments describe.
 
     ``engine_spawned``: the engine started this process (``scripts/train.py``), so a change of parent
@@ -272,8 +277,11 @@ def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None
         print(_error_paragraph(error), file=sys.stderr, flush=True)
         return int(ExitCode.USAGE)
     timeouts = Timeouts.from_env()
-    return (runner or run_with_link)(
-        lambda flag: open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True),
-        options=options,
-        task_dir=task_dir,
-    )
+
+    def open_link(flag: InterruptFlag) -> TrainerLink:
+        return open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True)
+
+    if runner is not None:
+        # Scale-out's rank 0 calls run_with_link itself, whose default reads the same Timeouts.from_env().
+        return runner(open_link, options=options, task_dir=task_dir)
+    return run_with_link(open_link, options=options, task_dir=task_dir, timeouts=timeouts)

@@ -10,10 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-__all__ = ["ENGINE_TIMEOUT_S", "Timeouts"]
-
-ENGINE_TIMEOUT_S = 10.0
-"""The engine's default communicator timeout (seconds), reset whenever it sees a ping."""
+__all__ = ["Timeouts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +28,10 @@ class Timeouts:
     connect: float = 120.0
     """Socket mode: waiting for the engine to connect."""
     close: float = 30.0
-    """Socket mode: after Complete, waiting for the engine to close the connection (spec §10 item 7)."""
+    """After Complete, how long :meth:`~trainer.links.TrainerLink.finish` lets the engine wind down (socket:
+    until it closes the connection, spec §10 item 7; shared memory: until it takes Complete)."""
     ping_interval: float = 1.0
-    """Keep-alive period; well under the engine's 10 s timeout."""
+    """Keep-alive period while we are busy and the engine may be waiting; well under its 10 s timeout."""
     poll_interval: float = 0.0005
     """Sleep between polls of the control block (the engine polls every 1 ms)."""
     peer_check_interval: float = 0.5
