@@ -23,7 +23,8 @@ from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
 from trainer.nne_torch import DenormalizeModule, SequenceModule
 from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
-from trainer.steps.fused import FusedStep, fused_step_unsupported, parse_mlp
+from trainer.steps.fused import FusedStep, fused_step_unsupported
+from trainer.steps.mlp import parse_mlp
 
 OBS = parse_schema(continuous_observation_schema(6), "observation")
 ACT = parse_schema(continuous_action_schema(2), "action")
@@ -339,7 +340,7 @@ def test_weights_replaced_while_the_optimiser_state_stays_keeps_the_moments_and_
 
     model = copy.deepcopy(base)
     fast, optimizer, _ = build_fast(model, data, 4, time, 0.0, exact=True)
-    assert fast.flat_ema is not None  # the EMA is flat here
+    assert fast.flat.ema is not None  # the EMA is flat here
     for i in range(6):
         fast.step(i)
     for p in model.denoiser.parameters():

@@ -168,7 +168,7 @@ def make_loss_and_grads(activations: Sequence[str], obs_noise_scale: float) -> L
 
 @dataclass(frozen=True, slots=True)
 class FlatLayout:
-    """Where each parameter lives in the fused step's flat buffer (:class:`trainer.steps.fused._Flat`).
+    """Where each parameter lives in the fused step's flat buffer (:class:`trainer.steps.flat.FlatBlocks`).
 
     ``blocks``: (offset, shape) per parameter, in the optimiser's order; ``layers``: (weight block,
     bias block) per Linear, in network order; ``size``: the buffer's length (blocks are padded for

@@ -10,10 +10,10 @@ removes that overhead and nothing else:
 * **Preallocated buffers.** Every batch-sized tensor is allocated once and written with ``out=``.
 * **Hand-written backward.** Per layer two ``mm``, one ``sum`` and the activation's ATen backward kernel
   (``elu_backward``, ``threshold_backward``, ``tanh_backward``: the ones autograd calls).
-* **Flat parameters.** Weights, gradients and AdamW moments live in one contiguous buffer each (blocks
-  64-byte aligned, so the BLAS sees the same alignment every run); the parameters (and the optimiser's
-  state tensors) become views into them, so AdamW is one fused kernel (or nine element-wise ops) on one
-  tensor and the gradient norm one reduction.
+* **Flat parameters** (:mod:`trainer.steps.flat`). Weights, gradients and AdamW moments live in one
+  contiguous buffer each (blocks 64-byte aligned, so the BLAS sees the same alignment every run); the
+  parameters (and the optimiser's state tensors) become views into them, so AdamW is one fused kernel
+  (or nine element-wise ops) on one tensor and the gradient norm one reduction.
 * **Frozen encoder precomputed.** The encoder and the latent standardisation are deterministic per
   training row, so the standardised latents of every row are computed once (when they fit in
   :data:`PRECOMPUTE_LIMIT_BYTES`) and a batch gathers them. (One table of latents and targets, gathered
@@ -49,8 +49,7 @@ the reference step: :func:`fused_step_unsupported` says why, :meth:`FusedStep.bu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -59,93 +58,20 @@ from trainer.data import TensorData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel
-from trainer.nne_torch import (
-    CompressedLinearModule,
-    DenormalizeModule,
-    ELUModule,
-    LinearModule,
-    ReLUModule,
-    SequenceModule,
-    TanHModule,
-)
 from trainer.progress import log
 from trainer.steps.base import StepMetrics
 from trainer.steps.compiled import FlatLayout, FlatStep, compile_flat_step
+from trainer.steps.flat import FlatAdamW
+from trainer.steps.mlp import MlpLayout, activation_backward, activation_forward, parse_mlp
 
-__all__ = [
-    "PRECOMPUTE_LIMIT_BYTES",
-    "FusedStep",
-    "MlpLayout",
-    "fused_step_unsupported",
-    "parse_mlp",
-]
+__all__ = ["PRECOMPUTE_LIMIT_BYTES", "FusedStep", "fused_step_unsupported"]
 
 PRECOMPUTE_LIMIT_BYTES = 256 * 1024 * 1024
 """Largest table of precomputed standardised latents (N × L float32). Above it the frozen encoder runs
 on each batch instead (same values, a few more ops per step), so memory stays bounded on huge buffers."""
 
-_ALIGN = 16
-"""Floats per alignment unit of the flat buffers (64 bytes: a cache line, and MKL's preferred alignment,
-which keeps its kernel choice, and so its rounding, the same run to run)."""
-
 _PRECOMPUTE_CHUNK = 65536
 """Rows per encoder pass while precomputing latents (bounds the temporary memory)."""
-
-_ACTIVATIONS: dict[type[nn.Module], str] = {ELUModule: "ELU", ReLUModule: "ReLU", TanHModule: "TanH"}
-
-
-@dataclass(frozen=True, slots=True)
-class MlpLayout:
-    """The denoiser seen as ``Linear (act Linear)* [Denormalize]``.
-
-    ``linears``: the affine modules in order (``weight`` (Out, In), ``bias`` (Out,)); ``activations``:
-    one name per hidden layer (``len(linears) - 1``); ``output_mean``/``output_std``: the final
-    Denormalize's buffers (A,), or None when there is none or it is the identity."""
-
-    linears: tuple[LinearModule | CompressedLinearModule, ...]
-    activations: tuple[str, ...]
-    output_mean: Tensor | None
-    output_std: Tensor | None
-
-
-def _flatten(module: nn.Module) -> Iterator[nn.Module]:
-    # Nested Sequences are only grouping (spec §6.2: a Sequence applies its layers in order).
-    if isinstance(module, SequenceModule):
-        for child in module.nne_children():
-            yield from _flatten(child)
-    else:
-        yield module
-
-
-def parse_mlp(denoiser: nn.Module) -> MlpLayout | str:
-    """The denoiser's layout, or a sentence saying why it is not a plain MLP the fused step runs."""
-    modules = list(_flatten(denoiser))
-    output_mean: Tensor | None = None
-    output_std: Tensor | None = None
-    final = modules[-1] if modules else None
-    if isinstance(final, DenormalizeModule):
-        modules.pop()
-        if any(True for _ in final.parameters()):
-            return "the denoiser's final Denormalize is trainable"
-        mean, std = final.mean, final.std
-        if not (bool(torch.all(mean == 0)) and bool(torch.all(std == 1))):
-            output_mean, output_std = mean, std
-    linears: list[LinearModule | CompressedLinearModule] = []
-    activations: list[str] = []
-    for i, module in enumerate(modules):
-        if i % 2 == 0:
-            if not isinstance(module, LinearModule | CompressedLinearModule):
-                return f"layer {i} of the denoiser MLP is {type(module).__name__}, not a Linear"
-            linears.append(module)
-        else:
-            name = _ACTIVATIONS.get(type(module))
-            if name is None:
-                kind = type(module).__name__.removesuffix("Module")
-                return f"layer {i} of the denoiser MLP is {kind}; the fused step runs ELU, ReLU and TanH"
-            activations.append(name)
-    if not linears or len(modules) % 2 == 0:
-        return "the denoiser is not Linear (activation Linear)* [Denormalize]"
-    return MlpLayout(tuple(linears), tuple(activations), output_mean, output_std)
 
 
 def fused_step_unsupported(model: FlowModel, optimizer: torch.optim.Optimizer) -> str | None:
@@ -173,77 +99,13 @@ def fused_step_unsupported(model: FlowModel, optimizer: torch.optim.Optimizer) -
     return None
 
 
-def _aligned(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-class _Flat:
-    """Contiguous float32 storage for a list of tensors: ``view(i)`` is tensor i's block."""
-
-    def __init__(self, shapes: list[torch.Size], device: torch.device) -> None:
-        self.shapes = shapes
-        self.offsets: list[int] = []
-        total = 0
-        for shape in shapes:
-            self.offsets.append(total)
-            total += _aligned(math.prod(shape))
-        self.size = total
-
-    def new(self, device: torch.device) -> Tensor:
-        # Zeros: the padding between blocks stays 0 through every update (0 gradient, 0 moments).
-        return torch.zeros(self.size, dtype=torch.float32, device=device)
-
-    def view(self, flat: Tensor, i: int) -> Tensor:
-        n = math.prod(self.shapes[i])
-        return flat[self.offsets[i] : self.offsets[i] + n].view(self.shapes[i])
-
-
-def _activation_forward(name: str, exact: bool) -> Callable[[Tensor, Tensor, Tensor], object]:
-    """``(h, out, scratch)``: the activation of ``h`` into ``out`` (``out`` may be ``h``).
-
-    ELU, exact: ATen's ``elu`` (``expm1`` on the negative side), the kernel autograd runs. ELU, fast:
-    ``max(h, exp(min(h, 0)) − 1)``: for h > 0 the second term is 0, for h ≤ 0 it is exp(h) − 1 ≥ h, so
-    this is ELU with ``exp − 1`` for ``expm1`` (identical for h > 0, within a few ulp below 0; NaN
-    propagates). Four kernels, about half the time of ATen's ``elu`` on CPUs where ``expm1`` is not
-    vectorised."""
-    if name == "ELU" and exact:
-        return lambda h, out, scratch: torch.ops.aten.elu.out(h, 1.0, 1.0, 1.0, out=out)
-    if name == "ELU":
-
-        def elu(h: Tensor, out: Tensor, scratch: Tensor) -> None:
-            torch.clamp_max(h, 0.0, out=scratch).exp_().sub_(1.0)
-            torch.maximum(h, scratch, out=out)
-
-        return elu
-    if name == "ReLU":
-        return lambda h, out, scratch: torch.clamp_min(h, 0.0, out=out)
-    return lambda h, out, scratch: torch.tanh(h, out=out)
-
-
-def _activation_backward(name: str, exact: bool) -> Callable[[Tensor, Tensor, Tensor, Tensor], object]:
-    """``(grad, pre-activation h, activation a, out)``: ATen's backward kernels. ELU exact uses the
-    input (``exp(h)``, as autograd does); fast uses the result (``a + 1``: no exponential)."""
-    if name == "ELU" and exact:
-        return lambda g, h, a, out: torch.ops.aten.elu_backward.grad_input(
-            g, 1.0, 1.0, 1.0, False, h, grad_input=out
-        )
-    if name == "ELU":
-        return lambda g, h, a, out: torch.ops.aten.elu_backward.grad_input(
-            g, 1.0, 1.0, 1.0, True, a, grad_input=out
-        )
-    if name == "ReLU":
-        return lambda g, h, a, out: torch.ops.aten.threshold_backward.grad_input(g, a, 0.0, grad_input=out)
-    return lambda g, h, a, out: torch.ops.aten.tanh_backward.grad_input(g, a, grad_input=out)
-
-
 class FusedStep:
     """Batch sampling + one optimisation step, fused; a drop-in for ``BatchSampler.next`` + ``train_step``.
 
-    Build with :meth:`build`. After building, the denoiser's parameters and the AdamW state tensors are
-    views into this object's flat buffers ``flat_params``, ``flat_exp_avg``, ``flat_exp_avg_sq``,
-    ``flat_max_exp_avg_sq`` (``model.state_dict()`` and ``optimizer.state_dict()`` stay valid and current,
-    and the torch optimiser may take over at any step); gradients live in ``flat_grads``, so ``p.grad``
-    stays None.
+    Build with :meth:`build`. After building, the denoiser's parameters, the AdamW state tensors and the
+    EMA copies are views into the flat buffers of :attr:`flat` (:class:`trainer.steps.flat.FlatAdamW`):
+    ``model.state_dict()`` and ``optimizer.state_dict()`` stay valid and current, and the torch optimiser
+    may take over at any step; gradients live in ``flat.grads``, so ``p.grad`` stays None.
     """
 
     def __init__(
@@ -283,25 +145,12 @@ class FusedStep:
         if data.row_num * latent_width * 4 <= PRECOMPUTE_LIMIT_BYTES:
             self._latents = _encode_all(model, data.obs)
 
-        # Flat parameters, gradients and AdamW moments, in the optimiser's parameter order.
+        # Flat parameters, gradients, AdamW moments and EMA, in the optimiser's parameter order. One fused
+        # AdamW kernel where torch has it for this device (CPU since 2.4, CUDA).
         params: list[nn.Parameter] = list(optimizer.param_groups[0]["params"])
-        self._params = params
-        self._flat = _Flat([p.shape for p in params], device)
-        self.flat_params = self._flat.new(device)
-        self.flat_grads = self._flat.new(device)
-        self.flat_exp_avg = self._flat.new(device)
-        self.flat_exp_avg_sq = self._flat.new(device)
-        self.flat_max_exp_avg_sq = self._flat.new(device)
-        self._denom = self._flat.new(device)
-        self.steps = torch.zeros(len(params), dtype=torch.float32, device=device)
-        self._step0 = self.steps[0]  # every parameter has the same age (checked at build)
-        self._step_count = 0
-        # The EMA copies of the parameters, flat too, when the EMA covers exactly the parameters
-        # trained here (else the model's per-tensor update runs).
-        self._ema_params: list[Tensor] | None = _ema_counterparts(model, params)
-        self.flat_ema: Tensor | None = None if self._ema_params is None else self._flat.new(device)
-        self._ema_flat_pairs = None if self.flat_ema is None else ([self.flat_ema], [self.flat_params])
-        self._adopt()
+        fused_adamw = not exact and hasattr(torch, "_fused_adamw_") and device.type in ("cpu", "cuda")
+        self.flat = FlatAdamW(model, optimizer, params, device, fused=fused_adamw)
+        flat, blocks = self.flat, self.flat.blocks
         index = {id(p): i for i, p in enumerate(params)}
 
         # The MLP: weights/biases and their gradient blocks, activation buffers per layer.
@@ -310,10 +159,10 @@ class FusedStep:
             wi, bi = index[id(lin.weight)], index[id(lin.bias)]
             self._layers.append(
                 (
-                    self._flat.view(self.flat_params, wi),
-                    self._flat.view(self.flat_params, bi),
-                    self._flat.view(self.flat_grads, wi),
-                    self._flat.view(self.flat_grads, bi),
+                    blocks.view(flat.params, wi),
+                    blocks.view(flat.params, bi),
+                    blocks.view(flat.grads, wi),
+                    blocks.view(flat.grads, bi),
                 )
             )
         # Transposed views, made once (they stay valid: the flat buffers are never replaced).
@@ -325,11 +174,8 @@ class FusedStep:
                 f"the denoiser maps {in_width} → {widths[-1]} but [latents ‖ x ‖ t] → velocity is "
                 f"{latent_width + action_width + 1} → {action_width}"
             )
-        self._forward = [_activation_forward(a, exact) for a in layout.activations]
-        self._backward = [_activation_backward(a, exact) for a in layout.activations]
-        # One fused AdamW kernel where torch has it for this device (CPU since 2.4, CUDA): same formulas,
-        # its own evaluation order (results within an ulp or so of the single-tensor path per step).
-        self._fused = not exact and hasattr(torch, "_fused_adamw_") and device.type in ("cpu", "cuda")
+        self._forward = [activation_forward(a, exact) for a in layout.activations]
+        self._backward = [activation_backward(a, exact) for a in layout.activations]
         self._out_mean = layout.output_mean
         self._out_std = layout.output_std
 
@@ -370,82 +216,17 @@ class FusedStep:
         if compiled and not exact and self._latents is not None:
             flat_layout = FlatLayout(
                 blocks=tuple(
-                    (off, tuple(shape))
-                    for off, shape in zip(self._flat.offsets, self._flat.shapes, strict=True)
+                    (off, tuple(shape)) for off, shape in zip(blocks.offsets, blocks.shapes, strict=True)
                 ),
                 layers=tuple((index[id(lin.weight)], index[id(lin.bias)]) for lin in layout.linears),
-                size=self._flat.size,
+                size=blocks.size,
             )
             self._compiled = compile_flat_step(layout.activations, self.obs_noise_scale, flat_layout)
-
-    @torch.no_grad()
-    def _adopt(self) -> None:
-        """Copy the parameters' values and the optimiser's state into the flat buffers and make both
-        views of them. Runs at build time and again whenever someone replaced them (``optimizer.
-        load_state_dict`` installs new state tensors; a resume may load weights), so the fused step
-        always continues from what the model and the optimiser hold."""
-        optimizer = self.optimizer
-        amsgrad = bool(optimizer.param_groups[0]["amsgrad"])
-        flat = self._flat
-        # Read everything first: some of it may already be views into the buffers rewritten below (only
-        # the optimiser state was replaced, say), and zeroing a buffer must not erase its own source.
-        values = [p.detach().clone() for p in self._params]
-        states = [
-            {
-                k: v.detach().clone() if isinstance(v, Tensor) else v
-                for k, v in optimizer.state.get(p, {}).items()
-            }
-            for p in self._params
-        ]
-        ema_params = self._ema_params or []  # empty unless the EMA is flat (then flat_ema exists)
-        ema_values = [e.detach().clone() for e in ema_params]
-        self.flat_exp_avg.zero_()
-        self.flat_exp_avg_sq.zero_()
-        self.flat_max_exp_avg_sq.zero_()
-        self.steps.zero_()
-        for i, (value, state) in enumerate(zip(values, states, strict=True)):
-            flat.view(self.flat_params, i).copy_(value)
-            if state:
-                flat.view(self.flat_exp_avg, i).copy_(state["exp_avg"])
-                flat.view(self.flat_exp_avg_sq, i).copy_(state["exp_avg_sq"])
-                if amsgrad and "max_exp_avg_sq" in state:
-                    flat.view(self.flat_max_exp_avg_sq, i).copy_(state["max_exp_avg_sq"])
-                self.steps[i] = float(state["step"])
-        for i, p in enumerate(self._params):
-            p.data = flat.view(self.flat_params, i)
-            p.grad = None
-            new_state: dict[str, Tensor] = {
-                "step": self.steps[i],
-                "exp_avg": flat.view(self.flat_exp_avg, i),
-                "exp_avg_sq": flat.view(self.flat_exp_avg_sq, i),
-            }
-            if amsgrad:
-                new_state["max_exp_avg_sq"] = flat.view(self.flat_max_exp_avg_sq, i)
-            optimizer.state[p] = new_state
-        for i, (e, value) in enumerate(zip(ema_params, ema_values, strict=True)):
-            assert self.flat_ema is not None
-            view = flat.view(self.flat_ema, i)
-            view.copy_(value)
-            e.data = view
-        self._step_count = int(self.steps[0].item()) if self._params else 0
-        self._owned = (self._params[0].data_ptr(), optimizer.state[self._params[0]]["exp_avg"])
-        self._ema_owned = None if self._ema_params is None else self._ema_params[0].data_ptr()
 
     @property
     def compiling(self) -> bool:
         """Whether the step runs (or will, once compiled) through the compiled function."""
         return self._compiled is not None
-
-    def _adopted(self) -> bool:
-        """Whether the parameters and the optimiser state are still this object's views (cheap)."""
-        first = self._params[0]
-        state = self.optimizer.state.get(first)
-        return (
-            first.data_ptr() == self._owned[0]
-            and state is not None
-            and state.get("exp_avg") is self._owned[1]
-            and (self._ema_params is None or self._ema_params[0].data_ptr() == self._ema_owned)
-        )
 
     @classmethod
     def build(
@@ -509,10 +290,10 @@ class FusedStep:
         model = self.model
         g = self.generator
         b = self.batch_size
-        if not self._adopted():
+        if not self.flat.adopted():
             if fused_step_unsupported(model, self.optimizer) is not None:
                 raise RuntimeError("the model or optimiser changed into one the fused step cannot run")
-            self._adopt()
+            self.flat.adopt()
 
         # 1. The draws, in the reference order (module docstring); the gathers use no random numbers.
         idx = torch.randint(self.row_num, (b,), generator=g, out=self._idx)
@@ -529,7 +310,7 @@ class FusedStep:
             loss, divisor = self._eager_loss_and_grads(idx, x0, t, noise)
             # vector_norm accumulates float32 in double on CPU, as the reference's norm does: no overflow
             # of the squares for gradients that are large but finite.
-            grad_norm = torch.linalg.vector_norm(self.flat_grads)
+            grad_norm = torch.linalg.vector_norm(self.flat.grads)
             loss_total, norm_value = torch.stack((loss, grad_norm)).tolist()
             loss_value = loss_total / divisor
         else:
@@ -542,9 +323,9 @@ class FusedStep:
                 f"{norm_value}); the weights of the last good iteration were kept"
             )
         if self.average_gradients is not None:
-            self.average_gradients(self.flat_grads)
-        self._adamw()
-        model.update_ema(self._ema_flat_pairs)
+            self.average_gradients(self.flat.grads)
+        self.flat.step()
+        model.update_ema(self.flat.ema_pairs)
         return StepMetrics(loss=loss_value, grad_norm=norm_value)
 
     def _compiled_metrics(self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None) -> Tensor | None:
@@ -561,7 +342,7 @@ class FusedStep:
                 x0,
                 t,
                 noise,
-                self.flat_params,
+                self.flat.params,
                 model.x_mean,
                 model.x_std,
                 model.v_mean,
@@ -574,7 +355,7 @@ class FusedStep:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             log(f"la-trainer: warning: torch.compile failed ({first[:200]}); using the eager fused step")
             return None
-        self.flat_grads.copy_(grads)
+        self.flat.grads.copy_(grads)
         return metrics
 
     def _eager_loss_and_grads(
@@ -631,70 +412,6 @@ class FusedStep:
                 torch.mm(gk, weight, out=self._grad_act[k - 1])
                 self._backward[k - 1](self._grad_act[k - 1], self._pre[k - 1], prev, self._grad_pre[k - 1])
         return loss_sum, n
-
-    def _adamw(self) -> None:
-        """AdamW (decoupled weight decay, optional amsgrad) on the flat buffers: torch's fused kernel, or
-        (exact) torch's single-tensor formulas in the same order, the same arithmetic per element."""
-        group = self.optimizer.param_groups[0]  # read each step: load_state_dict replaces the dict
-        lr = float(group["lr"])
-        beta1, beta2 = (float(b) for b in group["betas"])
-        eps = float(group["eps"])
-        weight_decay = float(group["weight_decay"])
-        self._step_count += 1
-        step = float(self._step_count)
-        self.steps.add_(1.0)
-        param, grad = self.flat_params, self.flat_grads
-        if self._fused:
-            torch._fused_adamw_(
-                [param],
-                [grad],
-                [self.flat_exp_avg],
-                [self.flat_exp_avg_sq],
-                [self.flat_max_exp_avg_sq],
-                [self._step0],
-                lr=lr,
-                beta1=beta1,
-                beta2=beta2,
-                weight_decay=weight_decay,
-                eps=eps,
-                amsgrad=bool(group["amsgrad"]),
-                maximize=False,
-            )
-            return
-        if weight_decay != 0:
-            param.mul_(1 - lr * weight_decay)
-        self.flat_exp_avg.lerp_(grad, 1 - beta1)
-        self.flat_exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
-        step_size = lr / bias_correction1
-        bias_correction2_sqrt = bias_correction2**0.5
-        denom = self._denom
-        if group["amsgrad"]:
-            torch.maximum(self.flat_max_exp_avg_sq, self.flat_exp_avg_sq, out=self.flat_max_exp_avg_sq)
-            torch.sqrt(self.flat_max_exp_avg_sq, out=denom)
-        else:
-            torch.sqrt(self.flat_exp_avg_sq, out=denom)
-        denom.div_(bias_correction2_sqrt).add_(eps)
-        param.addcdiv_(self.flat_exp_avg, denom, value=-step_size)
-
-
-def _ema_counterparts(model: FlowModel, params: list[nn.Parameter]) -> list[Tensor] | None:
-    """The EMA denoiser's parameter for each of ``params`` (in order), or None when the EMA is off, also
-    covers the encoder, or holds parameters that are not trained here (their per-tensor update runs)."""
-    if model.ema_denoiser is None or model.ema_encoder is not None:
-        return None
-    names = {id(p): name for name, p in model.denoiser.named_parameters()}
-    ema = dict(model.ema_denoiser.named_parameters())
-    if len(names) != len(params) or len(ema) != len(params) or any(id(p) not in names for p in params):
-        return None
-    counterparts = [ema.get(names[id(p)]) for p in params]
-    if any(
-        e is None or e.shape != p.shape or e.dtype != p.dtype
-        for e, p in zip(counterparts, params, strict=True)
-    ):
-        return None
-    return [e for e in counterparts if e is not None]
 
 
 @torch.no_grad()
