@@ -42,12 +42,23 @@ from benchmarks.mse_baseline import MsePolicy, MseSettings, train_mse_policy
 from emulator.inference import EnginePolicy
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from emulator.tasks import Demonstrations, Policy, avoid, bimodal, task_rng
-from protocol.snapshot import read_snapshot, snapshot_with_model, write_snapshot
+from protocol.snapshot import Snapshot, read_snapshot, snapshot_with_model, write_snapshot
 from trainer.job import TrainingJob
 from trainer.options import TrainerOptions
 from trainer.steps.distill import DistillSettings, distill_iterations
 
-__all__ = ["TASKS", "Row", "TaskSetup", "format_tables", "main", "run_seed"]
+__all__ = [
+    "TASKS",
+    "Row",
+    "TaskSetup",
+    "evaluate",
+    "exported_policy",
+    "format_tables",
+    "main",
+    "make_job",
+    "run_iterations",
+    "run_seed",
+]
 
 _POLICY_NOISE_STREAM = 0xD157_0000
 """task_rng stream of the policies' N(0, I) draws (+ N), fixed per evaluation seed."""
@@ -112,9 +123,12 @@ class Row:
 # Training
 
 
-def make_job(setup: TaskSetup, seed: int, iterations: int, options: TrainerOptions) -> TrainingJob:
+def make_job(
+    setup: TaskSetup, seed: int, iterations: int, options: TrainerOptions
+) -> tuple[TrainingJob, Mapping[int, Snapshot]]:
     """The job the trainer process builds for ``setup`` with training seed ``seed`` (the demonstrations use
-    the same seed), on the CPU."""
+    the same seed), on the CPU, and the initial snapshots it was built from: every export goes back in
+    their headers (:func:`exported_policy`), as the trainer's sync rounds do."""
     task = EngineTask.benchmark(setup.name, setup.demo_size, seed)
     settings = SessionSettings(
         iteration_num=iterations,
@@ -132,22 +146,23 @@ def make_job(setup: TaskSetup, seed: int, iterations: int, options: TrainerOptio
     job = TrainingJob.create(
         config, received, task.replay_buffer, options=options, device=torch.device("cpu")
     )
-    job.extra["snapshots"] = received
-    return job
+    return job, received
 
 
-def exported_policy(job: TrainingJob, ode_steps: int) -> EnginePolicy:
+def exported_policy(job: TrainingJob, received: Mapping[int, Snapshot], ode_steps: int) -> EnginePolicy:
     """The job's networks as the engine receives them (snapshot bytes in, snapshot bytes out)."""
-    received = job.extra["snapshots"]
     blobs = {
         nid: write_snapshot(snapshot_with_model(received[nid], layer)) for nid, layer in job.export().items()
     }
     return EnginePolicy.from_snapshots(blobs[1], blobs[0], blobs[2], ode_steps)
 
 
-def evaluate(setup: TaskSetup, job: TrainingJob, ode_steps: int, seed: int) -> dict[str, float]:
-    """Task metrics through the engine path, plus ``decision_ms`` (:func:`decision_ms`)."""
-    policy = exported_policy(job, ode_steps)
+def evaluate(
+    setup: TaskSetup, job: TrainingJob, received: Mapping[int, Snapshot], ode_steps: int, seed: int
+) -> dict[str, float]:
+    """Task metrics through the engine path, plus ``decision_ms`` (:func:`decision_ms`); ``received``: the
+    snapshots :func:`make_job` returned with the job."""
+    policy = exported_policy(job, received, ode_steps)
     metrics = setup.evaluate(policy.bind(task_rng(seed, _POLICY_NOISE_STREAM + ode_steps)), seed)
     metrics["decision_ms"] = decision_ms(policy)
     return metrics
@@ -172,7 +187,8 @@ def decision_ms(policy: EnginePolicy, agents: int = TIMING_AGENTS, repeats: int 
     return 1000.0 * float(np.median(times))
 
 
-def _run(job: TrainingJob, start: int, stop: int) -> float:
+def run_iterations(job: TrainingJob, start: int, stop: int) -> float:
+    """Step ``job`` through iterations ``start`` .. ``stop`` − 1; returns the wall-clock seconds."""
     started = time.perf_counter()
     for iteration in range(start, stop):
         job.step(iteration)
@@ -201,19 +217,19 @@ def run_seed(
     The plain model is scored at ``steps`` and ``eval_steps``; each distilled model at its own N and at
     ``cross_steps`` (what happens if the game's ODEStepsNum differs from the one distilled for)."""
     options = TrainerOptions(distill_fraction=fraction)
-    job = make_job(setup, seed, iterations, options)
+    job, received = make_job(setup, seed, iterations, options)
     forks = sorted({(boundary(iterations, fraction, n), n) for n in steps})
     done, fm_s = 0, 0.0
     for start, n in forks:
         # Fork the run at this N's boundary and distil the copy to the end; the plain run goes on below.
-        fm_s += _run(job, done, start)
+        fm_s += run_iterations(job, done, start)
         done = start
         fork = copy.deepcopy(job)
         fork.options = dataclasses.replace(options, ode_steps=n)
         fork.distill_start = start
-        train_s = fm_s + _run(fork, start, iterations)
+        train_s = fm_s + run_iterations(fork, start, iterations)
         for n_eval in sorted({n, *cross_steps}):
-            metrics = evaluate(setup, fork, n_eval, seed)
+            metrics = evaluate(setup, fork, received, n_eval, seed)
             emit(
                 Row(
                     setup.name,
@@ -228,11 +244,10 @@ def run_seed(
                 )
             )
         del fork
-    fm_s += _run(job, done, iterations)
+    fm_s += run_iterations(job, done, iterations)
     for n_eval in sorted(set(eval_steps) | set(steps)):
-        emit(
-            Row(setup.name, seed, "fm", None, n_eval, iterations, 0, fm_s, evaluate(setup, job, n_eval, seed))
-        )
+        metrics = evaluate(setup, job, received, n_eval, seed)
+        emit(Row(setup.name, seed, "fm", None, n_eval, iterations, 0, fm_s, metrics))
     if mse:
         result = train_mse_policy(
             _demonstrations(setup, seed),
@@ -384,10 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.decision_cost:
         # The cost does not depend on the weights: any exported network of the task's shapes will do.
         for name in args.tasks:
-            job = make_job(TASKS[name], 0, 20, TrainerOptions())
+            job, received = make_job(TASKS[name], 0, 20, TrainerOptions())
             for i in range(20):
                 job.step(i)
-            costs = {n: decision_ms(exported_policy(job, n), repeats=101) for n in args.eval_steps}
+            costs = {n: decision_ms(exported_policy(job, received, n), repeats=101) for n in args.eval_steps}
             print(
                 f"{name}: ms per decision, {TIMING_AGENTS} agents: "
                 + ", ".join(f"N={n} {ms:.2f}" for n, ms in costs.items())

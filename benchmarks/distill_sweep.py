@@ -31,9 +31,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.distill import TASKS, _run, evaluate, make_job
+from benchmarks.distill import TASKS, evaluate, make_job, run_iterations
 from trainer.options import TrainerOptions
 from trainer.steps.distill import Distiller, DistillSettings
+
+__all__ = ["Variant", "main", "parse_variant"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +84,11 @@ def main() -> None:
     if any(v.iterations >= total for v in variants):
         raise SystemExit("every variant must distil for fewer iterations than --iterations")
     setup = TASKS[args.task]
-    job = make_job(setup, args.seed, total, TrainerOptions())
+    job, received = make_job(setup, args.seed, total, TrainerOptions())
     forks: dict[int, Any] = {}
     done = 0
     for start in sorted({total - v.iterations for v in variants}):
-        _run(job, done, start)
+        run_iterations(job, done, start)
         done = start
         forks[start] = copy.deepcopy(job)
     training = job.config.trainer.training
@@ -118,7 +120,7 @@ def main() -> None:
             "variant": variant.name,
             "ode_steps": args.ode_steps,
             "distill_s": time.perf_counter() - started,
-            "metrics": evaluate(setup, fork, args.ode_steps, args.seed),
+            "metrics": evaluate(setup, fork, received, args.ode_steps, args.seed),
         }
         print(json.dumps(row), flush=True)
         with args.out.open("a", encoding="utf-8") as out:
