@@ -32,12 +32,13 @@ class SnapshotWriter:
 
     folder: Path
     names: Mapping[int, str]
-    written: int = 0
 
     @classmethod
     def for_run(
         cls, task_dir: Path | None, config: SessionConfig, options: TrainerOptions
     ) -> SnapshotWriter | None:
+        """The run's writer into ``<task_dir>/Snapshots``, named after the config's networks (None without a
+        task directory). ``options`` is not read (kept until the story stops passing it)."""
         if task_dir is None:
             return None
         names = {net.id: safe_file_name(net.name or f"Network{net.id}") for net in config.model.networks}
@@ -47,14 +48,15 @@ class SnapshotWriter:
         return cls(task_dir / "Snapshots", names)
 
     def path(self, network_id: int, iteration: int) -> Path:
+        """``<folder>/<NetworkName>_<iteration>.bin``."""
         return self.folder / f"{self.names[network_id]}_{iteration}.bin"
 
     def write(self, iteration: int, blobs: Mapping[int, bytes]) -> list[Path]:
+        """Write each network's snapshot bytes for ``iteration`` atomically; returns the paths in id order."""
         self.folder.mkdir(parents=True, exist_ok=True)
         paths = []
         for network_id, data in sorted(blobs.items()):
             path = self.path(network_id, iteration)
             atomic_write(path, data)
             paths.append(path)
-        self.written += 1
         return paths

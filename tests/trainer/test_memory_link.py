@@ -186,8 +186,10 @@ def test_stop_after_rounds_counts_only_complete_rounds() -> None:
     blobs = [link.receive_network(nid) for nid in (0, 1, 2)]
     link.send_network(0, blobs[0], 1)
     link.send_network(1, blobs[1], 1)
-    assert not link.stop_requested()
+    link.send_network(1, blobs[1], 1)  # again: still not a complete round
+    assert not link.stop_requested() and link.complete_rounds == 0
     link.send_network(2, blobs[2], 1)
+    assert link.complete_rounds == 1
     assert link.stop_requested() and link.stop_requested()  # and it stays
 
 
@@ -239,7 +241,9 @@ def test_the_same_seed_sends_bitwise_the_same_networks() -> None:
 def test_stop_after_rounds_ends_the_run_without_complete() -> None:
     link = tiny_link(stop_after_rounds=2)
     assert run(link) == ExitCode.OK
-    assert len(link.rounds) == 2 and not link.completed and link.finish_timeout is None
+    assert (
+        len(link.rounds) == link.complete_rounds == 2 and not link.completed and link.finish_timeout is None
+    )
     assert link.stop_polls == 11  # polled before iterations 1..10, then the 11th poll saw the Stop
 
 

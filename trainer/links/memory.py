@@ -68,6 +68,10 @@ class MemoryLink:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # pings come from the keep-alive thread
         self._experience_taken = False
+        self._network_ids = frozenset(net.id for net in config.model.networks)
+        self._ids_by_version: dict[int, set[int]] = {}
+        self.complete_rounds = 0
+        """Rounds in which every network of the config has been sent."""
         self.sent: list[SentNetwork] = []
         """Every network sent, in order."""
         self.completed = False
@@ -111,8 +115,13 @@ class MemoryLink:
         """Record the snapshot (it must keep its MaxByteNum size, as over every transport)."""
         check_snapshot_size(network_id, data, self.config.network(network_id).max_byte_num)
         self.sent.append(SentNetwork(network_id, version, bytes(data)))
-        if self._stop_after_rounds is not None and self._complete_rounds() >= self._stop_after_rounds:
-            self.request_stop()
+        ids = self._ids_by_version.setdefault(version, set())
+        was_complete = ids >= self._network_ids
+        ids.add(network_id)
+        if not was_complete and ids >= self._network_ids:
+            self.complete_rounds += 1
+            if self._stop_after_rounds is not None and self.complete_rounds >= self._stop_after_rounds:
+                self.request_stop()
 
     def send_complete(self) -> None:
         self.completed = True
@@ -132,7 +141,3 @@ class MemoryLink:
 
     def close(self) -> None:
         self.closed = True
-
-    def _complete_rounds(self) -> int:
-        wanted = {net.id for net in self.config.model.networks}
-        return sum(1 for round_ in self.rounds if wanted <= round_.keys())
