@@ -242,7 +242,9 @@ def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
 
 
-def test_recv_into_nowait_takes_what_is_there_and_never_waits(pair: tuple[TcpConnection, TcpConnection]) -> None:
+def test_recv_into_nowait_takes_what_is_there_and_never_waits(
+    pair: tuple[TcpConnection, TcpConnection],
+) -> None:
     trainer, engine = pair
     buf = bytearray(64)
     start = time.monotonic()
