@@ -42,9 +42,10 @@ from benchmarks.mse_baseline import MsePolicy, MseSettings, train_mse_policy
 from emulator.inference import EnginePolicy
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from emulator.tasks import Demonstrations, Policy, avoid, bimodal, task_rng
-from protocol.snapshot import Snapshot, read_snapshot, snapshot_with_model, write_snapshot
+from protocol.snapshot import Snapshot, read_snapshot
 from trainer.job import TrainingJob
 from trainer.options import TrainerOptions
+from trainer.run import encode_networks
 from trainer.steps.distill import DistillSettings, distill_iterations
 
 __all__ = [
@@ -150,10 +151,9 @@ def make_job(
 
 
 def exported_policy(job: TrainingJob, received: Mapping[int, Snapshot], ode_steps: int) -> EnginePolicy:
-    """The job's networks as the engine receives them (snapshot bytes in, snapshot bytes out)."""
-    blobs = {
-        nid: write_snapshot(snapshot_with_model(received[nid], layer)) for nid, layer in job.export().items()
-    }
+    """The job's networks as the engine receives them (snapshot bytes in, snapshot bytes out): encoded
+    as the trainer's sync rounds encode them."""
+    blobs = encode_networks(received, job.export())
     return EnginePolicy.from_snapshots(blobs[1], blobs[0], blobs[2], ode_steps)
 
 

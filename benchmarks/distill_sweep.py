@@ -32,8 +32,10 @@ from typing import Any
 import torch
 
 from benchmarks.distill import TASKS, evaluate, make_job, run_iterations
+from trainer.job import TrainingJob
 from trainer.options import TrainerOptions
-from trainer.steps.distill import Distiller, DistillSettings
+from trainer.steps.base import Phase
+from trainer.steps.distill import DistillationStep, Distiller, DistillSettings
 
 __all__ = ["Variant", "main", "parse_variant"]
 
@@ -85,7 +87,7 @@ def main() -> None:
         raise SystemExit("every variant must distil for fewer iterations than --iterations")
     setup = TASKS[args.task]
     job, received = make_job(setup, args.seed, total, TrainerOptions())
-    forks: dict[int, Any] = {}
+    forks: dict[int, TrainingJob] = {}
     done = 0
     for start in sorted({total - v.iterations for v in variants}):
         run_iterations(job, done, start)
@@ -97,7 +99,9 @@ def main() -> None:
         fork = copy.deepcopy(forks[start])
         fork.options = dataclasses.replace(fork.options, ode_steps=args.ode_steps)
         fork.distill_start = start
-        fork.distiller = Distiller(
+        # The distillation phase the job would choose at its boundary (trainer.steps.choose_step), built
+        # here with the variant's settings; the job keeps a step of the current phase.
+        distiller = Distiller(
             fork.model,
             DistillSettings(args.ode_steps, **variant.settings),
             learning_rate=training.learning_rate,
@@ -105,11 +109,14 @@ def main() -> None:
             time_dist=fork.time_distribution,
             obs_noise_scale=training.observation_noise_scale,
         )
+        fork.training_step = DistillationStep(distiller, fork.sampler, fork.generator)
+        fork.phase = Phase.DISTILLATION
+        fork.smoothed_loss = math.nan  # another loss: not smoothed across the boundary (as the job does)
         started = time.perf_counter()
         for iteration in range(start, total):
             if variant.cosine:
                 scale = 0.5 * (1.0 + math.cos(math.pi * (iteration - start) / variant.iterations))
-                for group in fork.distiller.optimizer.param_groups:
+                for group in distiller.optimizer.param_groups:
                     group["lr"] = training.learning_rate * scale
             fork.step(iteration)
         row = {
