@@ -62,10 +62,6 @@ class TrainerOptions:
     resume: bool = False
     """Resume from the last checkpoint in the snapshot folder."""
 
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
 
 _CHOICES: dict[str, tuple[str, ...]] = {"compile": ("on", "off")}
 """String options with a fixed set of values, checked where they are read (so the error names the source)."""

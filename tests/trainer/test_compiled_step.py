@@ -160,10 +160,10 @@ def test_the_flat_step_lays_gradients_out_like_the_parameters_and_sums_the_norm_
     assert torch.isinf((huge * huge).sum()) and torch.isfinite(huge.double().square().sum().sqrt())
 
 
-def run_fast(model: object, data: object, steps: int, *, compiled: bool) -> tuple[FusedStep, torch.Generator]:
+def run_fused(model: object, data: object, steps: int, *, compiled: bool) -> tuple[FusedStep, torch.Generator]:
     generator = torch.Generator().manual_seed(13)
     optimizer = make_optimizer(model, 3e-3, 1e-3)  # type: ignore[arg-type]
-    fast = FusedStep.build(
+    fused = FusedStep.build(
         model,  # type: ignore[arg-type]
         optimizer,
         model.tensor_data(data),  # type: ignore[attr-defined]
@@ -173,10 +173,10 @@ def run_fast(model: object, data: object, steps: int, *, compiled: bool) -> tupl
         0.1,
         compiled=compiled,
     )
-    assert fast is not None
+    assert fused is not None
     for i in range(steps):
-        fast.step(i)
-    return fast, generator
+        fused.step(i)
+    return fused, generator
 
 
 @pytest.mark.slow
@@ -188,9 +188,9 @@ def test_compiled_step_matches_the_eager_step_and_reproduces_itself(
 ) -> None:
     base, data = engine_model(layers=2)
     eager_model, compiled_model, again_model = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
-    eager, eager_gen = run_fast(eager_model, data, 25, compiled=False)
-    compiled, compiled_gen = run_fast(compiled_model, data, 25, compiled=True)
-    again, _ = run_fast(again_model, data, 25, compiled=True)
+    eager, eager_gen = run_fused(eager_model, data, 25, compiled=False)
+    compiled, compiled_gen = run_fused(compiled_model, data, 25, compiled=True)
+    again, _ = run_fused(again_model, data, 25, compiled=True)
     assert compiled.compiling and again.compiling  # no fallback happened
     captured = capsys.readouterr()
     assert "torch.compile failed" not in captured.out + captured.err
@@ -215,8 +215,8 @@ def test_a_failed_compilation_falls_back_to_the_eager_step_without_losing_a_draw
     monkeypatch.setattr(fused_step_module, "compile_flat_step", broken)
     base, data = engine_model()
     eager_model, fallback_model = copy.deepcopy(base), copy.deepcopy(base)
-    eager, eager_gen = run_fast(eager_model, data, 12, compiled=False)
-    fallback, fallback_gen = run_fast(fallback_model, data, 12, compiled=True)
+    eager, eager_gen = run_fused(eager_model, data, 12, compiled=False)
+    fallback, fallback_gen = run_fused(fallback_model, data, 12, compiled=True)
     assert not fallback.compiling
     captured = capsys.readouterr()
     err = captured.out + captured.err

@@ -73,6 +73,7 @@ from trainer.distributed.job import weights_checksum
 from trainer.errors import LaunchError, PeerGone
 from trainer.exitcodes import ExitCode
 from trainer.job import TrainingJob
+from trainer.links import MemoryLink
 from trainer.options import TrainerOptions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -703,7 +704,7 @@ def test_two_processes_match_one(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert len([e for e in got if e["event"] == "network"]) == 3 * (TINY.iteration_num // 50)
     assert out.count("la-trainer: done after") == 1  # rank 1 prints nothing
     # The 1-process run with the same seed and global batch, in this process.
-    game = MemoryLink.for_task(TINY, tmp_path / "single")
+    game = RecordingLink(TINY, tmp_path / "single")
     (tmp_path / "single").mkdir()
     with record_loss(TrainingJob, tmp_path / "single"):
         assert run_with_link(lambda flag: game, options=OPTIONS, task_dir=None) == 0
@@ -783,53 +784,29 @@ def test_the_engine_spawns_two_processes_through_the_launcher_and_stops_them(tmp
 # Harness: runs under torchrun (python -m tests.trainer.test_distributed SCENARIO OUT)
 
 
-class MemoryLink:
-    """The game, in memory: hands over the config, networks and replay buffer; records every network
-    and Complete it receives in ``events.jsonl`` as they arrive (so a rank that exits abruptly leaves them)."""
+class RecordingLink(MemoryLink):
+    """The game, in memory (:class:`trainer.links.MemoryLink` for the task), that also appends every
+    network and Complete it receives to ``events.jsonl`` as they arrive: a rank that exits abruptly
+    leaves them for the test to read."""
 
-    comm_type = "Memory"
-
-    def __init__(self, config: Any, blobs: tuple[bytes, ...], replay: ReplayBuffer, out: Path | None) -> None:
-        self.config, self.blobs, self.replay, self.out = config, blobs, replay, out
-
-    @classmethod
-    def for_task(cls, settings: SessionSettings, out: Path | None) -> MemoryLink:
+    def __init__(self, settings: SessionSettings, out: Path | None) -> None:
         task = make_task()
         config, blobs = build_session_config(task, settings, None)
-        return cls(config, blobs, task.replay_buffer, out)
+        super().__init__(config, blobs, task.replay_buffer)
+        self.out = out
 
     def _record(self, **event: Any) -> None:
         if self.out is not None:
             with (self.out / "events.jsonl").open("a") as handle:
                 handle.write(json.dumps(event) + "\n")
 
-    def receive_config(self) -> Any:
-        return self.config
-
-    def receive_network(self, network_id: int) -> bytes:
-        return self.blobs[network_id]
-
-    def receive_experience(self) -> ReplayBuffer:
-        return self.replay
-
     def send_network(self, network_id: int, data: bytes, version: int) -> None:
-        assert len(data) == len(self.blobs[network_id])
+        super().send_network(network_id, data, version)
         self._record(event="network", id=network_id, version=version)
 
     def send_complete(self) -> None:
+        super().send_complete()
         self._record(event="complete")
-
-    def stop_requested(self) -> bool:
-        return False
-
-    def ping(self) -> None:
-        return None
-
-    def finish(self, timeout: float) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
 
 
 @contextlib.contextmanager
@@ -918,7 +895,7 @@ def _harness(scenario: str, out: Path) -> int:
     options = OPTIONS if scenario == "train" else replace(OPTIONS, sync_every_iterations=10)
 
     def leader(runner: Any) -> int:
-        game = MemoryLink.for_task(settings, out)
+        game = RecordingLink(settings, out)
         return int(runner(lambda flag: game, options=options, task_dir=out / "task"))
 
     with record_loss(td.DistributedTrainingJob, out) if env.leader else contextlib.nullcontext():

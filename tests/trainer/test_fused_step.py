@@ -85,7 +85,7 @@ def reference_run(
     return losses, optimizer, generator
 
 
-def fast_run(
+def fused_run(
     model: FlowModel,
     data: TrainingData,
     steps: int,
@@ -95,31 +95,31 @@ def fast_run(
     *,
     exact: bool,
 ) -> tuple[list[float], torch.optim.Optimizer, torch.Generator]:
-    fast, optimizer, generator = build_fast(model, data, seed, time, noise, exact=exact)
-    losses = [fast.step(i).loss for i in range(steps)]
+    fused, optimizer, generator = build_fused(model, data, seed, time, noise, exact=exact)
+    losses = [fused.step(i).loss for i in range(steps)]
     return losses, optimizer, generator
 
 
-def build_fast(
+def build_fused(
     model: FlowModel, data: TrainingData, seed: int, time: TimeDistribution, noise: float, *, exact: bool
 ) -> tuple[FusedStep, torch.optim.Optimizer, torch.Generator]:
     """A fused step on ``model`` with the tests' optimiser settings and a generator seeded ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer(model, 3e-3, 1e-3)
-    fast = FusedStep.build(
+    fused = FusedStep.build(
         model, optimizer, model.tensor_data(data), BATCH, generator, time, noise, exact=exact
     )
-    assert fast is not None
-    return fast, optimizer, generator
+    assert fused is not None
+    return fused, optimizer, generator
 
 
 @pytest.mark.parametrize("activation", ["ELU", "ReLU", "TanH"])
 def test_exact_mode_is_bitwise_the_reference_step_on_the_engine_networks(activation: str) -> None:
     base, data = engine_model(activation=activation)
-    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    ref_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
     ref_losses, ref_opt, ref_gen = reference_run(ref_model, data, 30, 11, TimeDistribution.uniform(), 0.0)
-    losses, opt, gen = fast_run(fast_model, data, 30, 11, TimeDistribution.uniform(), 0.0, exact=True)
-    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=True)
+    losses, opt, gen = fused_run(fused_model, data, 30, 11, TimeDistribution.uniform(), 0.0, exact=True)
+    assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=True)
     assert torch.equal(ref_gen.get_state(), gen.get_state())  # same number and order of draws
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)  # one flat reduction for the report
 
@@ -136,10 +136,10 @@ def test_fast_mode_matches_the_reference_to_float_rounding(
     time: TimeDistribution, noise: float, chunk: int, layers: int
 ) -> None:
     base, data = engine_model(chunk=chunk, layers=layers)
-    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    ref_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
     ref_losses, ref_opt, ref_gen = reference_run(ref_model, data, 25, 3, time, noise)
-    losses, opt, gen = fast_run(fast_model, data, 25, 3, time, noise, exact=False)
-    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=False)
+    losses, opt, gen = fused_run(fused_model, data, 25, 3, time, noise, exact=False)
+    assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=False)
     assert torch.equal(ref_gen.get_state(), gen.get_state())
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
 
@@ -149,17 +149,17 @@ def test_schema_with_an_encoding_mlp_matches_to_float_rounding(exact: bool) -> N
     # An Encoding MLP in the frozen encoder: latents are precomputed over all rows at once, which the
     # BLAS may round differently from a 32-row batch, so equality is to rounding here.
     base, data = make_model(False, True, 3, ema=0.95)
-    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    ref_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
     time = TimeDistribution.beta(1.5, 1.0)
     _, ref_opt, _ = reference_run(ref_model, data, 20, 9, time, 0.1)
-    _, opt, _ = fast_run(fast_model, data, 20, 9, time, 0.1, exact=exact)
-    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=False)
+    _, opt, _ = fused_run(fused_model, data, 20, 9, time, 0.1, exact=exact)
+    assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=False)
 
 
 def test_a_fixed_seed_is_bitwise_reproducible_and_another_seed_differs() -> None:
     def run(seed: int) -> dict[str, torch.Tensor]:
         model, data = engine_model()
-        _, opt, _ = fast_run(model, data, 40, seed, TimeDistribution.uniform(), 0.05, exact=False)
+        _, opt, _ = fused_run(model, data, 40, seed, TimeDistribution.uniform(), 0.05, exact=False)
         return everything(model, opt)
 
     first, second, other = run(21), run(21), run(22)
@@ -178,10 +178,10 @@ def test_the_torch_optimizer_can_take_over_mid_run() -> None:
     generator = torch.Generator().manual_seed(4)
     optimizer = make_optimizer(mixed, 3e-3, 1e-3)
     tensors = mixed.tensor_data(data)
-    fast = FusedStep.build(mixed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
-    assert fast is not None
+    fused = FusedStep.build(mixed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
+    assert fused is not None
     for i in range(10):
-        fast.step(i)
+        fused.step(i)
     sampler = BatchSampler(tensors, BATCH, generator)
     for i in range(10, 20):
         train_step(mixed, optimizer, sampler.next(), generator, time, 0.0, i)
@@ -200,10 +200,10 @@ def test_building_adopts_existing_optimizer_state() -> None:
     sampler = BatchSampler(tensors, BATCH, generator)
     for i in range(8):
         train_step(resumed, optimizer, sampler.next(), generator, time, 0.0, i)
-    fast = FusedStep.build(resumed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
-    assert fast is not None
+    fused = FusedStep.build(resumed, optimizer, tensors, BATCH, generator, time, 0.0, exact=True)
+    assert fused is not None
     for i in range(8, 16):
-        fast.step(i)
+        fused.step(i)
     assert_same(everything(ref_model, ref_opt), everything(resumed, optimizer), exact=True)
 
 
@@ -212,16 +212,16 @@ def test_diverged_is_raised_before_anything_changes() -> None:
     generator = torch.Generator().manual_seed(0)
     optimizer = make_optimizer(model, 1e-3, 1e-4)
     tensors = model.tensor_data(data)
-    fast = FusedStep.build(model, optimizer, tensors, BATCH, generator, TimeDistribution.uniform(), 0.0)
-    assert fast is not None
+    fused = FusedStep.build(model, optimizer, tensors, BATCH, generator, TimeDistribution.uniform(), 0.0)
+    assert fused is not None
     for i in range(3):
-        fast.step(i)
+        fused.step(i)
     before = everything(model, optimizer)
     # Poison every row's target where the step gathers it (a batch of 32 from 300 rows may miss a single
     # bad row).
-    fast._x1[:, 0] = float("nan")
+    fused._x1[:, 0] = float("nan")
     with pytest.raises(Diverged, match="iteration 77"):
-        fast.step(77)
+        fused.step(77)
     assert_same(before, everything(model, optimizer), exact=True)
     assert all(p.grad is None for p in model.trainable_parameters())
 
@@ -272,10 +272,10 @@ def test_a_non_identity_output_denormalize_is_trained_like_the_reference() -> No
     final = output_denormalize(base)
     final.mean.copy_(torch.tensor([0.25, -0.5]))
     final.std.copy_(torch.tensor([1.5, 0.75]))
-    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    ref_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
     _, ref_opt, _ = reference_run(ref_model, data, 15, 2, TimeDistribution.uniform(), 0.0)
-    _, opt, _ = fast_run(fast_model, data, 15, 2, TimeDistribution.uniform(), 0.0, exact=True)
-    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=False)
+    _, opt, _ = fused_run(fused_model, data, 15, 2, TimeDistribution.uniform(), 0.0, exact=True)
+    assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=False)
 
 
 def test_latents_are_encoded_per_batch_when_the_table_would_be_too_big(
@@ -285,10 +285,10 @@ def test_latents_are_encoded_per_batch_when_the_table_would_be_too_big(
 
     monkeypatch.setattr(fused_step, "PRECOMPUTE_LIMIT_BYTES", 0)
     base, data = engine_model()
-    ref_model, fast_model = copy.deepcopy(base), copy.deepcopy(base)
+    ref_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
     _, ref_opt, _ = reference_run(ref_model, data, 15, 6, TimeDistribution.uniform(), 0.0)
-    _, opt, _ = fast_run(fast_model, data, 15, 6, TimeDistribution.uniform(), 0.0, exact=True)
-    assert_same(everything(ref_model, ref_opt), everything(fast_model, opt), exact=True)
+    _, opt, _ = fused_run(fused_model, data, 15, 6, TimeDistribution.uniform(), 0.0, exact=True)
+    assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=True)
 
 
 def test_build_checks_the_batch_size() -> None:
@@ -302,7 +302,7 @@ def test_build_checks_the_batch_size() -> None:
 def undisturbed(base: FlowModel, data: TrainingData, steps: int, seed: int) -> dict[str, torch.Tensor]:
     """Everything after ``steps`` exact fused steps on a copy of ``base`` (t uniform, no noise)."""
     model = copy.deepcopy(base)
-    _, optimizer, _ = fast_run(model, data, steps, seed, TimeDistribution.uniform(), 0.0, exact=True)
+    _, optimizer, _ = fused_run(model, data, steps, seed, TimeDistribution.uniform(), 0.0, exact=True)
     return everything(model, optimizer)
 
 
@@ -314,19 +314,19 @@ def test_a_resume_that_loads_state_dicts_is_picked_up_by_the_next_step() -> None
     expected = undisturbed(base, data, 16, 12)
 
     first = copy.deepcopy(base)
-    fast, optimizer, generator = build_fast(first, data, 12, time, 0.0, exact=True)
+    fused, optimizer, generator = build_fused(first, data, 12, time, 0.0, exact=True)
     for i in range(8):
-        fast.step(i)
+        fused.step(i)
     saved = (copy.deepcopy(first.state_dict()), copy.deepcopy(optimizer.state_dict()), generator.get_state())
 
     resumed = copy.deepcopy(base)
-    fast, optimizer, generator = build_fast(resumed, data, 99, time, 0.0, exact=True)
-    fast.step(0)  # some unrelated progress that the resume overwrites
+    fused, optimizer, generator = build_fused(resumed, data, 99, time, 0.0, exact=True)
+    fused.step(0)  # some unrelated progress that the resume overwrites
     resumed.load_state_dict(saved[0])
     optimizer.load_state_dict(saved[1])
     generator.set_state(saved[2])
     for i in range(8, 16):
-        fast.step(i)
+        fused.step(i)
     assert_same(expected, everything(resumed, optimizer), exact=True)
 
 
@@ -339,12 +339,12 @@ def test_weights_replaced_while_the_optimiser_state_stays_keeps_the_moments_and_
     expected = undisturbed(base, data, 12, 4)
 
     model = copy.deepcopy(base)
-    fast, optimizer, _ = build_fast(model, data, 4, time, 0.0, exact=True)
-    assert fast.flat.ema is not None  # the EMA is flat here
+    fused, optimizer, _ = build_fused(model, data, 4, time, 0.0, exact=True)
+    assert fused.flat.ema is not None  # the EMA is flat here
     for i in range(6):
-        fast.step(i)
+        fused.step(i)
     for p in model.denoiser.parameters():
         p.data = p.data.clone()  # same values, new storage
     for i in range(6, 12):
-        fast.step(i)
+        fused.step(i)
     assert_same(expected, everything(model, optimizer), exact=True)

@@ -4,18 +4,16 @@ divides it among a node's ranks), and reported as what the step really uses."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
 
-from emulator.session import SessionSettings
-from tests.trainer.test_distributed import MemoryLink
+from emulator.session import EngineTask, SessionSettings, build_session_config
 from trainer.exitcodes import ExitCode
 from trainer.job import TrainingJob
+from trainer.links import MemoryLink
 from trainer.options import TrainerOptions
 from trainer.run import THREADS_WORK_THRESHOLD, _choose_threads, run_training
 
@@ -32,7 +30,7 @@ def test_the_threshold_splits_one_thread_from_several() -> None:
 
 
 def test_prepare_job_sees_the_trainers_choice_and_the_banner_reports_its_cap(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     seen: list[int] = []
 
@@ -44,15 +42,16 @@ def test_prepare_job_sees_the_trainers_choice_and_the_banner_reports_its_cap(
 
     previous = torch.get_num_threads()
     try:
-        link = MemoryLink.for_task(SETTINGS, tmp_path)
+        task = EngineTask.benchmark("bimodal", size=96, seed=0)
+        config, blobs = build_session_config(task, SETTINGS, None)
+        link = MemoryLink(config, blobs, task.replay_buffer)
         options = TrainerOptions(threads=2, status_file=False, checkpoint_every_seconds=0)
         prepare: Callable[[TrainingJob], TrainingJob] = cap_to_one
         result = run_training(link, options=options, task_dir=None, prepare_job=prepare)
     finally:
         torch.set_num_threads(previous)
     assert result == ExitCode.OK
-    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert [e.get("id") for e in events[-4:]] == [0, 1, 2, None] and events[-1]["event"] == "complete"
+    assert [sent.network_id for sent in link.sent[-3:]] == [0, 1, 2] and link.completed
     assert seen == [2]  # the trainer's choice (here the explicit option) was in force before the hook
     out = capsys.readouterr().out
     assert "| threads 1 |" in out  # the banner reports the share the hook left, which the step uses
