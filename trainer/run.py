@@ -38,9 +38,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NETWORK_IDS",
+    "THREADS_WORK_THRESHOLD",
     "LoopEnd",
     "SyncRounds",
     "choose_device",
+    "choose_threads",
     "encode_networks",
     "run_training",
 ]
@@ -80,8 +82,9 @@ the chunk-8 2×512 one (≈ 21 M) as fast or faster on two (639 vs 633, 641 vs 7
 one at batch 1024 (≈ 80 M) much faster on two (168 vs 256, 177 vs 287)."""
 
 
-def _choose_threads(options: TrainerOptions, work: int) -> int:
-    """Small networks run faster on one thread: intra-op threading costs more than it saves there.
+def choose_threads(options: TrainerOptions, work: int) -> int:
+    """The run's intra-op CPU thread count: the ``threads`` option, else one for small networks (intra-op
+    threading costs more than it saves there) and up to 8 from :data:`THREADS_WORK_THRESHOLD` on.
     ``work``: batch size × the denoiser's parameter count (the multiply-adds of one forward pass)."""
     if options.threads > 0:
         return options.threads
@@ -219,7 +222,7 @@ def run_training(
         # Threads from the denoiser's size, set before prepare_job: scale-out divides them among the
         # ranks of a node (trainer.distributed caps each rank's share), so it must see our choice.
         params = sum(p.numel() for p in job.model.denoiser.parameters())
-        threads = _choose_threads(options, batch * params)
+        threads = choose_threads(options, batch * params)
         if device.type == "cpu":
             torch.set_num_threads(threads)
         if prepare_job is not None:

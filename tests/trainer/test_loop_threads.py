@@ -15,7 +15,7 @@ from trainer.exitcodes import ExitCode
 from trainer.job import TrainingJob
 from trainer.links import MemoryLink
 from trainer.options import TrainerOptions
-from trainer.run import THREADS_WORK_THRESHOLD, _choose_threads, run_training
+from trainer.run import THREADS_WORK_THRESHOLD, choose_threads, run_training
 
 SETTINGS = SessionSettings(
     iteration_num=6, batch_size=32, hidden_layer_num=1, hidden_layer_size=16, device="CPU", seed=3
@@ -24,9 +24,9 @@ SETTINGS = SessionSettings(
 
 def test_the_threshold_splits_one_thread_from_several() -> None:
     options = TrainerOptions()
-    assert _choose_threads(options, THREADS_WORK_THRESHOLD - 1) == 1
-    assert _choose_threads(options, THREADS_WORK_THRESHOLD) == min(os.cpu_count() or 1, 8)
-    assert _choose_threads(dataclasses.replace(options, threads=3), 10) == 3  # an explicit choice wins
+    assert choose_threads(options, THREADS_WORK_THRESHOLD - 1) == 1
+    assert choose_threads(options, THREADS_WORK_THRESHOLD) == min(os.cpu_count() or 1, 8)
+    assert choose_threads(dataclasses.replace(options, threads=3), 10) == 3  # an explicit choice wins
 
 
 def test_prepare_job_sees_the_trainers_choice_and_the_banner_reports_its_cap(
