@@ -49,6 +49,7 @@ from emulator.bench.worker import MARK
 from emulator.bench.workload import session_for, synthetic_replay
 
 if TYPE_CHECKING:
+    from emulator.game import ShmGame
     from protocol.config import SessionConfig
     from protocol.replay import ReplayBuffer
 
@@ -140,7 +141,7 @@ def measure_ipc(settings: BenchSettings, work: Path) -> tuple[dict[str, dict[str
         "nbytes": nbytes,
         "sync_rounds": settings.sync_rounds,
     }
-    shm_game: Any = None
+    shm_game: ShmGame | None = None
     if "shm" in settings.transports:
         config_dir = work / f"shm-{os.getpid()}" / "Configs"
         shm_game = ShmGame.create(config_dir, timeout=ENGINE_TIMEOUT_S)
@@ -175,7 +176,7 @@ def measure_ipc(settings: BenchSettings, work: Path) -> tuple[dict[str, dict[str
 def _drive(
     transport: str,
     worker: WorkerProcess,
-    shm_game: Any,
+    shm_game: ShmGame | None,
     settings: BenchSettings,
     big: ReplayBuffer,
     small: ReplayBuffer,
@@ -188,8 +189,10 @@ def _drive(
 
     alive = lambda: worker.proc.poll() is None  # noqa: E731 - the engine's IsRunning
     ready = worker.wait_for("ready", transport=transport)[0]
-    game: Any
+    game: ShmGame | SocketGame
     if transport == "shm":
+        if shm_game is None:
+            raise ValueError("the shared-memory transport needs the game created before the worker")
         game = shm_game
         game.process_alive = alive
     else:

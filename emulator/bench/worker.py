@@ -119,7 +119,7 @@ def _worker_session(transport: str, spec: Mapping[str, Any]) -> None:
 
     repeats, nbytes = int(spec["repeats"]), int(spec["nbytes"])
     raw_server: socket.socket | None = None
-    link: Any
+    link: ShmTrainerLink | SocketTrainerLink
     if transport == "shm":
         link = ShmTrainerLink(spec["shm_config_dir"], spec["shm_guid"])
         _emit("ready", transport=transport)
