@@ -23,7 +23,7 @@ import pytest
 from emulator.game import Completed
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import HEADER_BYTES, read_snapshot
-from tests.faults.conftest import (
+from tests.support.faults import (
     TINY,
     assert_no_traceback,
     play_rounds,

@@ -66,7 +66,7 @@ from protocol.stream import (
     encode_ping,
     encode_stop,
 )
-from tests.faults.conftest import FUZZ_STATS, SETTINGS, small_task
+from tests.support.faults import FUZZ_STATS, SETTINGS, small_task
 
 FUZZ_EXAMPLES = int(os.environ.get("LA_TRAINER_FUZZ_EXAMPLES", "150") or "150")
 FUZZ = settings(

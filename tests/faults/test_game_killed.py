@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import (
+from tests.support.faults import (
     SCALED,
     KilledGame,
     assert_no_traceback,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from emulator.game import Completed
-from tests.faults.conftest import TINY, in_process_options, play_rounds, send_all, shm_in_process
+from tests.support.faults import TINY, in_process_options, play_rounds, send_all, shm_in_process
 from trainer.checkpoint import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME, load_checkpoint
 from trainer.exitcodes import ExitCode
 
@@ -102,7 +102,7 @@ def test_la_trainer_offline_resume_flag(tmp_path: Path) -> None:
 
     from emulator.game import FileExport
     from emulator.session import build_session_config
-    from tests.faults.conftest import small_task
+    from tests.support.faults import small_task
     from trainer.cli import main
 
     config, blobs = build_session_config(small_task(), TINY, str(tmp_path))

@@ -20,7 +20,7 @@ from emulator.launch import REPO_ROOT
 from protocol.errors import ProtocolError
 from protocol.snapshot import HEADER, SNAPSHOT_MAGIC, SNAPSHOT_VERSION, read_snapshot
 from protocol.stream import Signal, TrainerStreamDecoder
-from tests.faults.conftest import FAST
+from tests.support.faults import FAST
 from trainer.links import SocketTrainerLink
 from trainer.transport.tcp import TcpServer
 

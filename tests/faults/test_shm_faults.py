@@ -22,7 +22,7 @@ import pytest
 from emulator.game import Completed
 from protocol.controls import CONTROL_BLOCK_BYTES, Control
 from protocol.guid import os_shm_name
-from tests.faults.conftest import (
+from tests.support.faults import (
     assert_no_traceback,
     play_rounds,
     send_all,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from emulator.game import Completed
-from tests.faults.conftest import (
+from tests.support.faults import (
     SETTINGS,
     LiveGame,
     assert_no_traceback,

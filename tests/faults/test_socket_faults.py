@@ -24,7 +24,7 @@ from emulator.session import build_session_config, free_tcp_port
 from protocol.config import socket_config_to_json
 from protocol.replay import ReplayLayout
 from protocol.stream import DEFAULT_MAX_CONFIG_BYTES, Signal, encode_config, encode_network_to_trainer
-from tests.faults.conftest import (
+from tests.support.faults import (
     FAST,
     SCALED,
     SETTINGS,
@@ -175,7 +175,7 @@ def test_bad_lengths_and_signals_are_protocol_errors_before_any_allocation(data:
 
 
 def socket_run(game: Callable[[int], None], capfd: pytest.CaptureFixture[str], **options: Any) -> Any:
-    from tests.faults.conftest import in_process_options
+    from tests.support.faults import in_process_options
 
     ports: list[int] = []
 

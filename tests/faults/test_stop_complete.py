@@ -19,7 +19,7 @@ import pytest
 from emulator.drive import Ending, TickAction, tick_until_end
 from emulator.game import Completed
 from protocol.controls import Control
-from tests.faults.conftest import (
+from tests.support.faults import (
     FAST,
     TINY,
     assert_no_traceback,

@@ -25,7 +25,7 @@ from emulator.launch import (
 )
 from emulator.session import EngineTask, build_session_config, free_tcp_port
 from protocol.guid import new_guid
-from tests.integration.conftest import SETTINGS
+from tests.support.sessions import SETTINGS
 from trainer.exitcodes import ExitCode
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -18,7 +18,7 @@ import pytest
 
 from emulator.session import EngineTask, Mode, SessionRecord, run_engine_session
 from protocol.guid import GuidFormat
-from tests.integration.conftest import SETTINGS, STOP_SETTINGS, assert_same_layout, assert_trained
+from tests.support.sessions import SETTINGS, STOP_SETTINGS, assert_same_layout, assert_trained
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -40,68 +40,12 @@ from protocol.config import (
 )
 from protocol.errors import ConfigError, ProtocolError
 from protocol.schema import parse_schema
-from tests.protocol.test_schema import ACTION_SCHEMA, OBSERVATION_SCHEMA
+from tests.support.configs import DATA, MODEL, TRAINER
+from tests.support.schemas import OBSERVATION_SCHEMA
 
 # --------------------------------------------------------------------------------------------------
 # Engine-shaped JSON (numbers as the engine writes them: whole doubles without a decimal point)
 
-TRAINER: dict[str, Any] = {
-    "TrainerMethod": "FlowMatching",
-    "TimeStamp": "2026-05-09_12-30-417",
-    "FlowMatchingTrainingSettings": {
-        "IterationNum": 20000,
-        "LearningRate": 0.0003,
-        "WeightDecay": 0.0001,
-        "BatchSize": 512,
-        "ObservationNoiseScale": 0.05,
-        "NormalizeLatents": True,
-        "Seed": 77,
-        "SaveSnapshots": False,
-        "IterationsPerSnapshot": 500,
-    },
-    "EmbedNormalizationsInWeights": True,
-    "Device": "CPU",
-    "UseTensorBoard": True,
-    "UseMLflow": False,
-    "MLflowTrackingUri": "",
-    "TempDirectory": "C:/Projects/Racer/Intermediate/LearningCore",
-}
-
-DATA: dict[str, Any] = {
-    "ReplayBuffers": [
-        {
-            "Id": 0,
-            "MaxEpisodeNum": 12,
-            "MaxStepNum": 3400,
-            "HasCompletions": False,
-            "HasFinalObservations": False,
-            "HasFinalMemoryStates": False,
-            "Observations": [{"Id": 0, "Name": "Observations", "SchemaId": 0, "VectorDimensionNum": 22}],
-            "Actions": [{"Id": 0, "Name": "Actions", "SchemaId": 0, "VectorDimensionNum": 6}],
-            "ActionModifiers": [],
-            "MemoryStates": [],
-            "Rewards": [],
-        }
-    ],
-    "Schemas": {
-        "Observations": [{"Id": 0, "Name": "Default", "Schema": OBSERVATION_SCHEMA}],
-        "Actions": [{"Id": 0, "Name": "Default", "Schema": ACTION_SCHEMA}],
-    },
-}
-
-MODEL: dict[str, Any] = {
-    "Networks": [
-        {"Id": 0, "Name": "FM_Denoiser", "MaxByteNum": 70336},
-        {"Id": 1, "Name": "FM_Encoder", "MaxByteNum": 1600, "InputSchemaId": 0},
-        {"Id": 2, "Name": "FM_Decoder", "MaxByteNum": 600, "OutputSchemaId": 0},
-    ],
-    "FlowMatchingSettings": {
-        "ActionChunkSize": 4,
-        "HiddenLayerNum": 2,
-        "HiddenLayerSize": 256,
-        "ActivationFunction": "GELU",
-    },
-}
 
 GUID = "{0A1B2C3D-0000-1111-2222-333344445555}"
 ZERO_GUID = "{00000000-0000-0000-0000-000000000000}"

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import trainer.steps.fused as fused_step_module
-from tests.trainer.test_fused_step import BATCH, assert_same, engine_model, everything
+from tests.support.fused import BATCH, assert_same, engine_model, everything
 from trainer.flow import TimeDistribution
 from trainer.steps.autograd import make_optimizer
 from trainer.steps.compiled import (
@@ -160,7 +160,9 @@ def test_the_flat_step_lays_gradients_out_like_the_parameters_and_sums_the_norm_
     assert torch.isinf((huge * huge).sum()) and torch.isfinite(huge.double().square().sum().sqrt())
 
 
-def run_fused(model: object, data: object, steps: int, *, compiled: bool) -> tuple[FusedStep, torch.Generator]:
+def run_fused(
+    model: object, data: object, steps: int, *, compiled: bool
+) -> tuple[FusedStep, torch.Generator]:
     generator = torch.Generator().manual_seed(13)
     optimizer = make_optimizer(model, 3e-3, 1e-3)  # type: ignore[arg-type]
     fused = FusedStep.build(

@@ -25,7 +25,7 @@ from protocol.engine.networks import build_decoder, build_denoiser, build_encode
 from protocol.nne.codec import structure_key, write_model
 from protocol.schema import parse_schema
 from protocol.snapshot import read_snapshot
-from tests.trainer.test_model import engine_actions
+from tests.support.models import engine_actions
 from trainer.data import TrainingData
 from trainer.flow import TimeDistribution, euler_integrate
 from trainer.job import TrainingJob
@@ -427,7 +427,8 @@ def test_trainer_process_distils_when_the_environment_asks(small_task: EngineTas
     assert any("distilling for 2 Euler step(s)" in line for line in record.log), record.log_tail()
     # A short run warns that few-step quality needs more distillation iterations.
     assert any(
-        "distillation iterations are fewer than the 20000" in line and "IterationNum" in line for line in record.log
+        "distillation iterations are fewer than the 20000" in line and "IterationNum" in line
+        for line in record.log
     ), record.log_tail()
     # The process's final networks are exactly the in-process job's (same seed, same iterations).
     options = TrainerOptions(ode_steps=2, distill_fraction=0.5)

@@ -29,8 +29,7 @@ from protocol.guid import os_shm_name
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import HEADER, HEADER_BYTES, SNAPSHOT_MAGIC, SNAPSHOT_VERSION
 from protocol.stream import encode_network_to_trainer
-from tests.protocol.test_config import MODEL, TRAINER
-from tests.trainer.test_transport_files import sample_networks, sample_replay, small_data, write_export
+from tests.support.configs import MODEL, TRAINER, sample_networks, sample_replay, small_data, write_export
 from trainer.errors import Interrupted, PeerGone, WaitTimeout
 from trainer.links import FileTrainerLink, KeepAlive, ShmTrainerLink, SocketTrainerLink
 from trainer.timeouts import Timeouts

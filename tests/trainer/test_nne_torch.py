@@ -30,7 +30,7 @@ from protocol.nne.layers import (
     children,
 )
 from protocol.nne.reference import dequantize_weights, evaluate
-from tests.protocol.test_nne_reference import MASKED_TYPES, SAMPLES, f32, linear, random_tree, sample_input
+from tests.support.nne import MASKED_TYPES, SAMPLES, f32, linear, random_tree, sample_input
 from trainer.nne_torch import (
     MODULE_FACTORIES,
     CompressedLinearModule,

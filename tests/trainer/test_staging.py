@@ -10,19 +10,19 @@ import pytest
 
 from protocol.errors import ReplayError
 from protocol.replay import ReplayBuffer, ReplayLayout
-from tests.protocol.test_replay import (
+from tests.support.replay import (
     FM_BUFFER,
     FM_LAYOUT,
     FULL_BUFFER,
     FULL_LAYOUT,
-    _fill_regions,
     assert_same,
+    fill_regions,
 )
 from trainer.transport.staging import ReplayStaging
 
 
 def _staging(layout: ReplayLayout, rb: ReplayBuffer) -> tuple[ReplayStaging, dict[str, bytearray]]:
-    regions = _fill_regions(layout, rb)
+    regions = fill_regions(layout, rb)
     return ReplayStaging(layout, {name: memoryview(buf) for name, buf in regions.items()}), regions
 
 

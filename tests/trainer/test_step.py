@@ -11,7 +11,7 @@ import torch
 
 from protocol.engine.networks import build_decoder, build_denoiser, build_encoder
 from protocol.schema import parse_schema
-from tests.trainer.test_model import make_model, train
+from tests.support.models import make_model, train
 from trainer.data import Batch, TensorData, TrainingData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import copy
-import json
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from protocol.config import session_from_files
-from protocol.replay import ReplayBuffer, ReplayLayout
-from tests.protocol.test_config import DATA, MODEL, TRAINER
+from tests.support.configs import MODEL, TRAINER, sample_networks, sample_replay, small_data, write_export
 from trainer.errors import BadData, LaunchError
 from trainer.transport.files import (
     find_training_materials,
@@ -22,57 +18,6 @@ from trainer.transport.files import (
     replay_buffer_path,
     write_network_files,
 )
-
-
-def small_data() -> dict[str, Any]:
-    """The engine-shaped data config of tests/protocol, with small Max counts."""
-    data = copy.deepcopy(DATA)
-    data["ReplayBuffers"][0]["MaxEpisodeNum"] = 3
-    data["ReplayBuffers"][0]["MaxStepNum"] = 20
-    return data
-
-
-def sample_replay(seed: int = 0) -> ReplayBuffer:
-    """2 episodes over 10 steps with the widths of ``small_data()`` (observation 22, action 6)."""
-    rng = np.random.default_rng(seed)
-    return ReplayBuffer(
-        replay_buffer_id=0,
-        episode_starts=np.array([0, 4], dtype=np.int32),
-        episode_lengths=np.array([4, 6], dtype=np.int32),
-        observations=(rng.standard_normal((10, 22)).astype(np.float32),),
-        actions=(rng.standard_normal((10, 6)).astype(np.float32),),
-    )
-
-
-def sample_networks(seed: int = 0) -> dict[int, bytes]:
-    """Bytes of each network's MaxByteNum (the links move them without parsing)."""
-    rng = np.random.default_rng(seed)
-    return {
-        net["Id"]: rng.integers(0, 256, net["MaxByteNum"], dtype=np.uint8).tobytes()
-        for net in MODEL["Networks"]
-    }
-
-
-def write_export(folder: Path, *, skip: tuple[str, ...] = ()) -> Path:
-    """An export as the engine's FileTrainer writes it; returns ``folder``."""
-    (folder / "ReplayBuffers").mkdir(parents=True)
-    (folder / "Networks").mkdir(parents=True)
-    files: dict[str, bytes] = {
-        "trainer-config.json": json.dumps(TRAINER).encode(),
-        "ReplayBuffers/data-config.json": json.dumps(small_data()).encode(),
-        "Networks/model-config.json": json.dumps(MODEL).encode(),
-    }
-    config = session_from_files(TRAINER, small_data(), MODEL)
-    files["ReplayBuffers/replaybuffer_0.bin"] = ReplayLayout.from_config(config.replay_buffer(0)).encode_file(
-        sample_replay()
-    )
-    for nid, blob in sample_networks().items():
-        files[f"Networks/network_{nid}.bin"] = blob
-    for name, blob in files.items():
-        if name not in skip:
-            (folder / name).write_bytes(blob)
-    return folder
-
 
 # --- trained networks -----------------------------------------------------------------------------------
 
