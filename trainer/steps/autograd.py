@@ -18,6 +18,7 @@ from trainer.errors import Diverged
 from trainer.flow import TimeDistribution, flow_matching_loss, interpolate
 from trainer.model import FlowModel
 from trainer.steps.base import StepMetrics
+from trainer.torch_compat import total_norm
 
 __all__ = ["AutogradStep", "BatchSampler", "apply_gradients", "make_optimizer", "train_step"]
 
@@ -126,7 +127,7 @@ def apply_gradients(
     optimizer.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=loss.device)
+    grad_norm = total_norm(grads) if grads else torch.zeros((), device=loss.device)
     loss_value, norm_value = torch.stack((loss.detach().float(), grad_norm.float())).tolist()
     if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
         optimizer.zero_grad(set_to_none=True)
