@@ -61,4 +61,5 @@ def total_norm_fallback(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
             norms.extend(torch._foreach_norm(group, 2.0))
         else:
             norms.extend(torch.linalg.vector_norm(t, 2.0) for t in group)
-    return torch.linalg.vector_norm(torch.stack([n.to(first_device) for n in norms]), 2.0)
+    result: torch.Tensor = torch.linalg.vector_norm(torch.stack([n.to(first_device) for n in norms]), 2.0)
+    return result
