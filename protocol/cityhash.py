@@ -18,8 +18,9 @@ from __future__ import annotations
 import struct
 
 from protocol.errors import SnapshotError
+from protocol.ints import INT32_MAX
 
-__all__ = ["INT32_MAX", "city_hash32", "denoiser_compatibility_hash", "to_int32"]
+__all__ = ["city_hash32", "denoiser_compatibility_hash", "to_int32"]
 
 _MASK = 0xFFFFFFFF
 # Murmur3 mixing constants used by CityHash32.
@@ -28,7 +29,6 @@ _C2 = 0x1B873593
 # Additive constant of the Murmur3-style step ``h = h * 5 + _N``.
 _N = 0xE6546B64
 
-INT32_MAX = 0x7FFFFFFF
 
 _U32 = struct.Struct("<I")
 _TRIPLE = struct.Struct("<iii")

@@ -35,6 +35,7 @@ from enum import Enum, IntEnum
 from typing import Final, TypeAlias
 
 from protocol.errors import ControlError
+from protocol.ints import INT32_MAX, INT32_MIN
 
 __all__ = [
     "CONTROL_BLOCK_BYTES",
@@ -88,8 +89,6 @@ INITIAL_CONTROLS: Final = (0, 0, 0, 0, 0, 0, 0, 0, -1, -1)
 
 _INT32: Final = struct.Struct("<i")
 _BLOCK: Final = struct.Struct(f"<{CONTROL_NUM}i")
-_INT32_MIN: Final = -(2**31)
-_INT32_MAX: Final = 2**31 - 1
 
 ControlBuffer: TypeAlias = bytearray | memoryview
 """A writable buffer holding the block: a bytearray in tests, a memoryview of the mapped region in production."""
@@ -318,10 +317,10 @@ class _Half:
         return read
 
 
-def _check_int32(name: str, value: object, low: int = _INT32_MIN) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _INT32_MAX:
+def _check_int32(name: str, value: object, low: int = INT32_MIN) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT32_MAX:
         raise ControlError(
-            f"{name} must be an int32 >= {low}", field=name, expected=f"{low}..{_INT32_MAX}", actual=value
+            f"{name} must be an int32 >= {low}", field=name, expected=f"{low}..{INT32_MAX}", actual=value
         )
     return value
 

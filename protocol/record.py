@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from protocol.errors import RecordError
+from protocol.ints import INT32_MAX, INT32_MIN
 from protocol.replay import ReplayBuffer
 
 __all__ = [
@@ -46,8 +47,6 @@ _MIN_RECORD_BYTES = _RECORD_HEADER.size + 2 * _ARRAY_HEADER.size
 """A record with zero steps still takes 44 bytes: the bound on RecordNum from the remaining bytes."""
 
 _F32 = np.dtype("<f4")
-_INT32_MIN = -(2**31)
-_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,7 +66,7 @@ class Record:
         for name in ("step_num", "observation_dim_num", "action_dim_num"):
             _check_int(name, getattr(self, name), 0)
         for name in ("observation_compatibility_hash", "action_compatibility_hash"):
-            _check_int(name, getattr(self, name), _INT32_MIN)
+            _check_int(name, getattr(self, name), INT32_MIN)
         for name, arr, cols in (
             ("observations", self.observations, self.observation_dim_num),
             ("actions", self.actions, self.action_dim_num),
@@ -86,11 +85,11 @@ class Record:
 
 
 def _check_int(name: str, value: object, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= _INT32_MAX:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= INT32_MAX:
         raise RecordError(
             f"Record.{name} must be an int32 >= {lo}",
             field=name,
-            expected=f"{lo}..{_INT32_MAX}",
+            expected=f"{lo}..{INT32_MAX}",
             actual=value,
         )
 
@@ -186,7 +185,7 @@ def _read_array(
 
 def write_records(records: Sequence[Record]) -> bytes:
     """Encode records as a ``.record`` file (inverse of :func:`read_records`)."""
-    if len(records) > _INT32_MAX:
+    if len(records) > INT32_MAX:
         raise RecordError("too many records for an int32 RecordNum", field="RecordNum", actual=len(records))
     parts = [_FILE_HEADER.pack(RECORD_MAGIC, RECORD_VERSION, len(records))]
     for rec in records:
@@ -229,11 +228,11 @@ def records_to_replay_buffer(records: Sequence[Record], replay_buffer_id: int = 
             )
     lengths = np.array([rec.step_num for rec in records], dtype=np.int64)
     total = int(lengths.sum())
-    if total > _INT32_MAX or len(records) > _INT32_MAX:
+    if total > INT32_MAX or len(records) > INT32_MAX:
         raise RecordError(
             f"the records hold {total} steps, more than an int32 StepNum",
             field="StepNum",
-            expected=f"<= {_INT32_MAX}",
+            expected=f"<= {INT32_MAX}",
             actual=total,
         )
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int32)

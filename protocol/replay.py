@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from protocol.config import ReplayBufferConfig
 from protocol.errors import ReplayError
+from protocol.ints import INT32_MAX, INT32_MIN
 
 __all__ = [
     "FILE_HEADER",
@@ -59,9 +60,6 @@ SOCKET_HEADER_SIZE = SOCKET_HEADER.size
 FILE_HEADER = struct.Struct("<iii")
 """``replaybuffer_<id>.bin`` header: ReplayBufferId, EpisodeNum, StepNum (§5.5)."""
 FILE_HEADER_SIZE = FILE_HEADER.size
-
-_INT32_MIN = -(2**31)
-_INT32_MAX = 2**31 - 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -400,7 +398,7 @@ class ReplayLayout:
         Big arrays are returned as byte memoryviews of ``rb``'s arrays (no copy unless an array is not
         C-contiguous). Zero-byte sections are left out.
         """
-        if isinstance(networks_version, bool) or not _INT32_MIN <= networks_version <= _INT32_MAX:
+        if isinstance(networks_version, bool) or not INT32_MIN <= networks_version <= INT32_MAX:
             raise ReplayError(
                 "NetworksVersion must be an int32", field="NetworksVersion", actual=networks_version
             )

@@ -33,11 +33,12 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeAlias
 
 from protocol.errors import ConfigError
+from protocol.ints import INT32_MAX
+from protocol.json_fields import json_int, json_list, json_object, json_str, require, where
 
 __all__ = [
     "ACTION_NORMALIZATIONS",
     "ACTION_TYPES",
-    "INT32_MAX",
     "MAX_LEAVES",
     "MAX_SCHEMA_DEPTH",
     "OBSERVATION_NORMALIZATIONS",
@@ -55,8 +56,6 @@ __all__ = [
 Role: TypeAlias = Literal["observation", "action"]
 ParamValue: TypeAlias = int | str
 
-INT32_MAX = 2**31 - 1
-"""Every engine size and id is an int32; larger JSON numbers cannot come from the engine."""
 
 MAX_SCHEMA_DEPTH = 64
 """Deepest schema node accepted (root = 1). Real schemas are a handful of levels; the bound keeps the
@@ -67,96 +66,6 @@ MAX_LEAVES = 1 << 20
 
 OBSERVATION_NORMALIZATIONS = ("Manual", "AutoShared", "AutoPerDimension", "AutoDimensionAverage")
 ACTION_NORMALIZATIONS = ("Manual", "AutoShared", "AutoPerDimension")
-
-
-# --------------------------------------------------------------------------------------------------
-# JSON field readers (shared with protocol.config so both report paths and values the same way)
-
-
-def _where(path: str, source: str) -> str:
-    return f"{source}: {path}" if source else path
-
-
-def _json_int(value: object, path: str, *, lo: int = 0, hi: int = INT32_MAX, source: str = "") -> int:
-    """An integer field. The engine writes numbers as doubles (§4), so 3 and 3.0 are accepted, 3.5 is not."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(
-            f"{_where(path, source)} must be an integer", field=path, expected="integer", actual=value
-        )
-    if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
-            raise ConfigError(
-                f"{_where(path, source)} must be an integer", field=path, expected="integer", actual=value
-            )
-        value = int(value)
-    if value < lo or value > hi:
-        raise ConfigError(
-            f"{_where(path, source)} is {value}, outside {lo}..{hi}",
-            field=path,
-            expected=f"{lo}..{hi}",
-            actual=value,
-        )
-    return value
-
-
-def _json_float(value: object, path: str, *, lo: float = -math.inf, source: str = "") -> float:
-    """A finite number >= ``lo``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(
-            f"{_where(path, source)} must be a finite number", field=path, expected="number", actual=value
-        )
-    if value < lo:
-        raise ConfigError(
-            f"{_where(path, source)} is {value}, below {lo}", field=path, expected=f">= {lo}", actual=value
-        )
-    return float(value)
-
-
-def _json_bool(value: object, path: str, *, source: str = "") -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(
-            f"{_where(path, source)} must be true or false", field=path, expected="boolean", actual=value
-        )
-    return value
-
-
-def _json_str(value: object, path: str, *, source: str = "") -> str:
-    if not isinstance(value, str):
-        raise ConfigError(
-            f"{_where(path, source)} must be a string", field=path, expected="string", actual=value
-        )
-    return value
-
-
-def _json_object(value: object, path: str, *, source: str = "") -> Mapping[str, object]:
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(
-            f"{_where(path, source)} must be a JSON object",
-            field=path,
-            expected="object",
-            actual=type(value).__name__,
-        )
-    return value
-
-
-def _json_list(value: object, path: str, *, source: str = "") -> list[object]:
-    if not isinstance(value, list | tuple):
-        raise ConfigError(
-            f"{_where(path, source)} must be a JSON array",
-            field=path,
-            expected="array",
-            actual=type(value).__name__,
-        )
-    return list(value)
-
-
-def _require(obj: Mapping[str, object], key: str, path: str, *, source: str = "") -> object:
-    if key not in obj:
-        full = f"{path}.{key}" if path else key
-        raise ConfigError(
-            f"{_where(full, source)} is missing", field=full, expected="present", actual="missing"
-        )
-    return obj[key]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,17 +252,17 @@ def _parse_node(
 ) -> SchemaNode:
     if depth > MAX_SCHEMA_DEPTH:
         raise ConfigError(
-            f"{_where(path, source)} nests deeper than {MAX_SCHEMA_DEPTH} schema levels",
+            f"{where(path, source)} nests deeper than {MAX_SCHEMA_DEPTH} schema levels",
             field=path,
             expected=f"<= {MAX_SCHEMA_DEPTH}",
             actual=depth,
         )
-    node = _json_object(obj, path, source=source)
+    node = json_object(obj, path, source=source)
 
     def req_int(key: str) -> int:
-        return _json_int(_require(node, key, path, source=source), f"{path}.{key}", source=source)
+        return json_int(require(node, key, path, source=source), f"{path}.{key}", source=source)
 
-    type_name = _json_str(_require(node, "Type", path, source=source), f"{path}.Type", source=source)
+    type_name = json_str(require(node, "Type", path, source=source), f"{path}.Type", source=source)
     vector_size = req_int("VectorSize")
     encoded_size = req_int("EncodedSize")
     distribution_size = req_int("DistributionSize") if role == "action" else None
@@ -364,7 +273,7 @@ def _parse_node(
     known = set(_COMMON_KEYS[role])
     if spec is None:
         warnings.append(
-            f"{_where(path, source)}.Type {type_name!r} is not a known {role} schema type; "
+            f"{where(path, source)}.Type {type_name!r} is not a known {role} schema type; "
             f"treating it as an opaque leaf of VectorSize {vector_size}"
         )
         spec = TypeSpec()
@@ -378,29 +287,29 @@ def _parse_node(
     if spec.normalization:
         known.add("Normalization")
         if "Normalization" in node:
-            normalization = _json_str(node["Normalization"], f"{path}.Normalization", source=source)
+            normalization = json_str(node["Normalization"], f"{path}.Normalization", source=source)
             if normalization not in _NORMALIZATIONS[role]:
                 # §10: the option strings were not verified, so an unknown one is kept, not rejected.
                 warnings.append(
-                    f"{_where(path, source)}.Normalization {normalization!r} is not one of "
+                    f"{where(path, source)}.Normalization {normalization!r} is not one of "
                     f"{', '.join(_NORMALIZATIONS[role])}; it is kept as given"
                 )
         else:
             warnings.append(
-                f"{_where(path, source)}.Normalization is missing; the leaf has no normalisation mode"
+                f"{where(path, source)}.Normalization is missing; the leaf has no normalisation mode"
             )
 
     element_names: tuple[str, ...] = ()
     if spec.element_names:
         known.add("ElementNames")
         names_path = f"{path}.ElementNames"
-        raw = _json_list(_require(node, "ElementNames", path, source=source), names_path, source=source)
-        element_names = tuple(_json_str(v, f"{names_path}[{i}]", source=source) for i, v in enumerate(raw))
+        raw = json_list(require(node, "ElementNames", path, source=source), names_path, source=source)
+        element_names = tuple(json_str(v, f"{names_path}[{i}]", source=source) for i, v in enumerate(raw))
 
     params: list[tuple[str, ParamValue]] = []
     for key, kind in spec.params:
         known.add(key)
-        value = _require(node, key, path, source=source)
+        value = require(node, key, path, source=source)
         params.append((key, _param_value(value, kind, f"{path}.{key}", source)))
 
     elements: tuple[tuple[str, SchemaNode], ...] = ()
@@ -412,7 +321,7 @@ def _parse_node(
     if spec.element:
         known.add("Element")
         element = _parse_node(
-            _require(node, "Element", path, source=source),
+            require(node, "Element", path, source=source),
             role,
             f"{path}.Element",
             warnings,
@@ -425,11 +334,9 @@ def _parse_node(
             continue
         if isinstance(value, str) or (isinstance(value, int | float) and _is_int(value)):
             params.append((key, value if isinstance(value, str) else int(value)))
-            warnings.append(
-                f"{_where(path, source)}.{key} is not a known field of {type_name}; kept as given"
-            )
+            warnings.append(f"{where(path, source)}.{key} is not a known field of {type_name}; kept as given")
         else:
-            warnings.append(f"{_where(path, source)}.{key} is not a known field of {type_name}; ignored")
+            warnings.append(f"{where(path, source)}.{key} is not a known field of {type_name}; ignored")
 
     result = SchemaNode(
         role=role,
@@ -460,19 +367,19 @@ def _is_int(value: int | float) -> bool:
 
 def _param_value(value: object, kind: str, path: str, source: str) -> ParamValue:
     if kind == "int":
-        return _json_int(value, path, source=source)
+        return json_int(value, path, source=source)
     if kind == "str":
-        return _json_str(value, path, source=source)
+        return json_str(value, path, source=source)
     if isinstance(value, str):
         return value
-    return _json_int(value, path, lo=-INT32_MAX - 1, source=source)
+    return json_int(value, path, lo=-INT32_MAX - 1, source=source)
 
 
 def _parse_elements(
     node: Mapping[str, object], role: Role, path: str, warnings: list[str], source: str, depth: int
 ) -> tuple[tuple[str, SchemaNode], ...]:
     elements_path = f"{path}.Elements"
-    raw = _json_object(_require(node, "Elements", path, source=source), elements_path, source=source)
+    raw = json_object(require(node, "Elements", path, source=source), elements_path, source=source)
     children: list[tuple[int, str, SchemaNode]] = []
     for name, sub in raw.items():
         child_path = f"{elements_path}.{name}"
@@ -480,7 +387,7 @@ def _parse_elements(
         if child.index is None:
             # The engine writes Index on every And/Or child (§4.4); without it the vector order is unknown.
             raise ConfigError(
-                f"{_where(child_path, source)}.Index is missing",
+                f"{where(child_path, source)}.Index is missing",
                 field=f"{child_path}.Index",
                 expected="present",
                 actual="missing",
@@ -489,7 +396,7 @@ def _parse_elements(
     indices = sorted(i for i, _, _ in children)
     if indices != list(range(len(children))):
         raise ConfigError(
-            f"{_where(elements_path, source)} Index values must be 0..{len(children) - 1} once each",
+            f"{where(elements_path, source)} Index values must be 0..{len(children) - 1} once each",
             field=elements_path,
             expected=list(range(len(children))),
             actual=[i for i, _, _ in children],
@@ -500,7 +407,7 @@ def _parse_elements(
 
 def _mismatch(path: str, source: str, key: str, actual: int, expected: int, why: str) -> ConfigError:
     return ConfigError(
-        f"{_where(path, source)}.{key} is {actual} but {why} gives {expected}",
+        f"{where(path, source)}.{key} is {actual} but {why} gives {expected}",
         field=f"{path}.{key}",
         expected=expected,
         actual=actual,

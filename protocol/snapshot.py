@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from protocol.errors import SnapshotError
+from protocol.ints import INT32_MAX, INT32_MIN
 from protocol.nne.codec import (
     first_structure_difference,
     model_byte_size,
@@ -57,18 +58,15 @@ HEADER: Final = struct.Struct("<6i")
 """magic, version, InputSize, OutputSize, CompatibilityHash, FileDataSize."""
 HEADER_BYTES: Final = HEADER.size  # 24
 
-_INT32_MIN: Final = -(2**31)
-_INT32_MAX: Final = 2**31 - 1
 
-
-def _check_int32(name: str, value: int, *, minimum: int = _INT32_MIN) -> None:
+def _check_int32(name: str, value: int, *, minimum: int = INT32_MIN) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise SnapshotError(f"{name} must be an int", field=name, actual=type(value).__name__)
-    if not minimum <= value <= _INT32_MAX:
+    if not minimum <= value <= INT32_MAX:
         raise SnapshotError(
             f"{name} is outside its int32 range",
             field=name,
-            expected=f"{minimum}..{_INT32_MAX}",
+            expected=f"{minimum}..{INT32_MAX}",
             actual=value,
         )
 
@@ -239,7 +237,7 @@ def make_snapshot(model: Layer, compatibility_hash: int, *, trailing: bytes = b"
             field="snapshot.CompatibilityHash",
             actual=compatibility_hash,
         )
-    signed = compatibility_hash - 2**32 if compatibility_hash > _INT32_MAX else compatibility_hash
+    signed = compatibility_hash - 2**32 if compatibility_hash > INT32_MAX else compatibility_hash
     header = SnapshotHeader(
         model.input_size, model.output_size, signed, model_byte_size(model) + len(trailing)
     )

@@ -40,13 +40,13 @@ from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Final, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 from protocol.errors import StreamError
+from protocol.ints import INT32_MAX, INT32_MIN
 
 if TYPE_CHECKING:
     from protocol.replay import ReplayBuffer
 
 __all__ = [
     "DEFAULT_MAX_CONFIG_BYTES",
-    "MAX_NETWORK_BYTES",
     "NEED_DATA",
     "Complete",
     "ConfigMessage",
@@ -108,11 +108,7 @@ _WIRE_NAMES: Final[dict[Signal, str]] = {
 DEFAULT_MAX_CONFIG_BYTES: Final = 64 * 1024 * 1024
 """Largest config JSON accepted (bytes). Real configs are kilobytes; this only stops a bad length from
 allocating gigabytes."""
-MAX_NETWORK_BYTES: Final = 2**31 - 1
-"""Largest network snapshot size accepted in ``configure`` (the engine's sizes are int32)."""
 
-_INT32_MIN: Final = -(2**31)
-_INT32_MAX: Final = 2**31 - 1
 
 # Headers after the signal byte, and the full headers the encoders write (signal byte included).
 _NO_FIELDS: Final = struct.Struct("<")
@@ -241,9 +237,9 @@ class _Reader(Generic[EventT]):
         return _WIRE_NAMES[self.signal]
 
 
-def _int32(name: str, value: object, low: int = _INT32_MIN) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _INT32_MAX:
-        raise StreamError(f"{name} must be an int32 in {low}..{_INT32_MAX}", field=name, actual=value)
+def _int32(name: str, value: object, low: int = INT32_MIN) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT32_MAX:
+        raise StreamError(f"{name} must be an int32 in {low}..{INT32_MAX}", field=name, actual=value)
     return value
 
 

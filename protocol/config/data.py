@@ -23,17 +23,8 @@ from protocol.config.values import (
     StreamConfig,
 )
 from protocol.errors import ConfigError
-from protocol.schema import (
-    Role,
-    _json_bool,
-    _json_int,
-    _json_list,
-    _json_object,
-    _json_str,
-    _require,
-    parse_schema,
-    schema_to_json,
-)
+from protocol.json_fields import json_bool, json_int, json_list, json_object, json_str, require
+from protocol.schema import Role, parse_schema, schema_to_json
 
 __all__ = ["data_config_to_json", "parse_data_config", "read_data"]
 
@@ -51,7 +42,7 @@ def parse_data_config(
 ) -> DataConfig:
     """Parse a data config (§4.2), with or without the model keys merged in (those are not read here)."""
     ctx = ParseContext(source, warnings if warnings is not None else [])
-    node = _json_object(obj, path or "data config", source=source)
+    node = json_object(obj, path or "data config", source=source)
     ctx.unknown(node, (*DATA_KEYS, *MODEL_KEYS), path)
     return read_data(node, ctx, path)
 
@@ -60,12 +51,12 @@ def read_data(node: Mapping[str, object], ctx: ParseContext, path: str) -> DataC
     """The data keys of ``node`` within a parse that is already under way (the assemblies)."""
     src = ctx.source
     rbs_path = join_path(path, "ReplayBuffers")
-    raw_rbs = _json_list(_require(node, "ReplayBuffers", path, source=src), rbs_path, source=src)
+    raw_rbs = json_list(require(node, "ReplayBuffers", path, source=src), rbs_path, source=src)
     replay_buffers = tuple(_parse_replay_buffer(rb, f"{rbs_path}[{i}]", ctx) for i, rb in enumerate(raw_rbs))
     check_unique([rb.id for rb in replay_buffers], rbs_path, ctx)
 
     schemas_path = join_path(path, "Schemas")
-    schemas = _json_object(_require(node, "Schemas", path, source=src), schemas_path, source=src)
+    schemas = json_object(require(node, "Schemas", path, source=src), schemas_path, source=src)
     ctx.unknown(schemas, ("Observations", "Actions"), schemas_path)
     observation_schemas = _parse_schema_list(schemas, "Observations", "observation", schemas_path, ctx)
     action_schemas = _parse_schema_list(schemas, "Actions", "action", schemas_path, ctx)
@@ -74,10 +65,10 @@ def read_data(node: Mapping[str, object], ctx: ParseContext, path: str) -> DataC
 
 def _parse_replay_buffer(obj: object, path: str, ctx: ParseContext) -> ReplayBufferConfig:
     src = ctx.source
-    node = _json_object(obj, path, source=src)
+    node = json_object(obj, path, source=src)
 
     def req_int(key: str) -> int:
-        return _json_int(_require(node, key, path, source=src), f"{path}.{key}", source=src)
+        return json_int(require(node, key, path, source=src), f"{path}.{key}", source=src)
 
     values: dict[str, Any] = {
         "id": req_int("Id"),
@@ -86,14 +77,14 @@ def _parse_replay_buffer(obj: object, path: str, ctx: ParseContext) -> ReplayBuf
     }
     for key, attr in _RB_FLAGS:
         if key in node:
-            values[attr] = _json_bool(node[key], f"{path}.{key}", source=src)
+            values[attr] = json_bool(node[key], f"{path}.{key}", source=src)
         else:
             ctx.missing(f"{path}.{key}", False)
             values[attr] = False
     for key, attr in STREAM_ATTRS.items():
         list_path = f"{path}.{key}"
         if key in node:
-            raw = _json_list(node[key], list_path, source=src)
+            raw = json_list(node[key], list_path, source=src)
         elif key in ESSENTIAL_STREAMS:
             raise ConfigError(
                 f"{ctx.where(list_path)} is missing", field=list_path, expected="array", actual="missing"
@@ -112,18 +103,18 @@ def _parse_replay_buffer(obj: object, path: str, ctx: ParseContext) -> ReplayBuf
 
 def _parse_stream(obj: object, path: str, schemaless: bool, ctx: ParseContext) -> StreamConfig:
     src = ctx.source
-    node = _json_object(obj, path, source=src)
-    stream_id = _json_int(_require(node, "Id", path, source=src), f"{path}.Id", source=src)
+    node = json_object(obj, path, source=src)
+    stream_id = json_int(require(node, "Id", path, source=src), f"{path}.Id", source=src)
     if "Name" in node:
-        name = _json_str(node["Name"], f"{path}.Name", source=src)
+        name = json_str(node["Name"], f"{path}.Name", source=src)
     else:
         ctx.missing(f"{path}.Name", "")
         name = ""
     schema_id: int | None = None
     if "SchemaId" in node or not schemaless:
-        schema_id = _json_int(_require(node, "SchemaId", path, source=src), f"{path}.SchemaId", source=src)
-    dims = _json_int(
-        _require(node, "VectorDimensionNum", path, source=src), f"{path}.VectorDimensionNum", source=src
+        schema_id = json_int(require(node, "SchemaId", path, source=src), f"{path}.SchemaId", source=src)
+    dims = json_int(
+        require(node, "VectorDimensionNum", path, source=src), f"{path}.VectorDimensionNum", source=src
     )
     ctx.unknown(node, ("Id", "Name", "SchemaId", "VectorDimensionNum"), path)
     return StreamConfig(stream_id, name, schema_id, dims)
@@ -134,19 +125,19 @@ def _parse_schema_list(
 ) -> tuple[SchemaEntry, ...]:
     src = ctx.source
     list_path = f"{path}.{key}"
-    raw = _json_list(_require(schemas, key, path, source=src), list_path, source=src)
+    raw = json_list(require(schemas, key, path, source=src), list_path, source=src)
     entries = []
     for i, item in enumerate(raw):
         entry_path = f"{list_path}[{i}]"
-        node = _json_object(item, entry_path, source=src)
-        entry_id = _json_int(_require(node, "Id", entry_path, source=src), f"{entry_path}.Id", source=src)
+        node = json_object(item, entry_path, source=src)
+        entry_id = json_int(require(node, "Id", entry_path, source=src), f"{entry_path}.Id", source=src)
         if "Name" in node:
-            name = _json_str(node["Name"], f"{entry_path}.Name", source=src)
+            name = json_str(node["Name"], f"{entry_path}.Name", source=src)
         else:
             ctx.missing(f"{entry_path}.Name", "")
             name = ""
         schema = parse_schema(
-            _require(node, "Schema", entry_path, source=src),
+            require(node, "Schema", entry_path, source=src),
             role,
             f"{entry_path}.Schema",
             ctx.warnings,

@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from protocol.errors import ConfigError
-from protocol.schema import INT32_MAX, _json_bool, _json_float, _json_int, _json_str, _where
+from protocol.ints import INT32_MAX
+from protocol.json_fields import json_bool, json_float, json_int, json_str, where
 
 __all__ = [
     "FieldReader",
@@ -39,7 +40,7 @@ class ParseContext:
     warnings: list[str]
 
     def where(self, path: str) -> str:
-        return _where(path, self.source)
+        return where(path, self.source)
 
     def missing(self, path: str, default: object) -> None:
         self.warnings.append(f"{self.where(path)} is missing; using the engine default {default!r}")
@@ -64,20 +65,20 @@ FieldReader = Callable[[object, str, str], Any]
 
 def int_reader(lo: int = 0, hi: int = INT32_MAX) -> FieldReader:
     """An integer in ``lo..hi`` (3 and 3.0 accepted, 3.5 refused: the engine writes doubles, §4)."""
-    return lambda value, path, source: _json_int(value, path, lo=lo, hi=hi, source=source)
+    return lambda value, path, source: json_int(value, path, lo=lo, hi=hi, source=source)
 
 
 def float_reader(lo: float = 0.0) -> FieldReader:
     """A finite number >= ``lo``."""
-    return lambda value, path, source: _json_float(value, path, lo=lo, source=source)
+    return lambda value, path, source: json_float(value, path, lo=lo, source=source)
 
 
 def bool_reader(value: object, path: str, source: str) -> bool:
-    return _json_bool(value, path, source=source)
+    return json_bool(value, path, source=source)
 
 
 def str_reader(value: object, path: str, source: str) -> str:
-    return _json_str(value, path, source=source)
+    return json_str(value, path, source=source)
 
 
 FieldTable = tuple[tuple[str, str, FieldReader], ...]

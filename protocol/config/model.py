@@ -19,7 +19,7 @@ from protocol.config.fields import (
     write_fields,
 )
 from protocol.config.values import DATA_KEYS, MODEL_KEYS, FlowMatchingSettings, ModelConfig, NetworkConfig
-from protocol.schema import _json_int, _json_list, _json_object, _json_str, _require
+from protocol.json_fields import json_int, json_list, json_object, json_str, require
 from protocol.snapshot import HEADER_BYTES
 
 __all__ = [
@@ -49,7 +49,7 @@ def parse_model_config(
 ) -> ModelConfig:
     """Parse a model config (§4.3), alone or merged into a data config (the data keys are not read here)."""
     ctx = ParseContext(source, warnings if warnings is not None else [])
-    node = _json_object(obj, path or "model config", source=source)
+    node = json_object(obj, path or "model config", source=source)
     ctx.unknown(node, (*DATA_KEYS, *MODEL_KEYS), path)
     return read_model(node, ctx, path)
 
@@ -58,12 +58,12 @@ def read_model(node: Mapping[str, object], ctx: ParseContext, path: str) -> Mode
     """The model keys of ``node`` within a parse that is already under way (the assemblies)."""
     src = ctx.source
     nets_path = join_path(path, "Networks")
-    raw = _json_list(_require(node, "Networks", path, source=src), nets_path, source=src)
+    raw = json_list(require(node, "Networks", path, source=src), nets_path, source=src)
     networks = tuple(_parse_network(n, f"{nets_path}[{i}]", ctx) for i, n in enumerate(raw))
     check_unique([n.id for n in networks], nets_path, ctx)
     fm_path = join_path(path, "FlowMatchingSettings")
     if "FlowMatchingSettings" in node:
-        fm_obj = _json_object(node["FlowMatchingSettings"], fm_path, source=src)
+        fm_obj = json_object(node["FlowMatchingSettings"], fm_path, source=src)
         flow_matching = FlowMatchingSettings(
             **read_fields(fm_obj, _FLOW_MATCHING_FIELDS, FlowMatchingSettings, fm_path, ctx)  # type: ignore[arg-type]
         )
@@ -81,24 +81,24 @@ def read_model(node: Mapping[str, object], ctx: ParseContext, path: str) -> Mode
 
 def _parse_network(obj: object, path: str, ctx: ParseContext) -> NetworkConfig:
     src = ctx.source
-    node = _json_object(obj, path, source=src)
-    net_id = _json_int(_require(node, "Id", path, source=src), f"{path}.Id", source=src)
+    node = json_object(obj, path, source=src)
+    net_id = json_int(require(node, "Id", path, source=src), f"{path}.Id", source=src)
     if "Name" in node:
-        name = _json_str(node["Name"], f"{path}.Name", source=src)
+        name = json_str(node["Name"], f"{path}.Name", source=src)
     else:
         ctx.missing(f"{path}.Name", "")
         name = ""
-    max_byte_num = _json_int(
-        _require(node, "MaxByteNum", path, source=src),
+    max_byte_num = json_int(
+        require(node, "MaxByteNum", path, source=src),
         f"{path}.MaxByteNum",
         lo=HEADER_BYTES + 1,  # a 24-byte header and a non-empty model blob (§6.1, §10 item 6)
         source=src,
     )
     input_schema_id = output_schema_id = None
     if "InputSchemaId" in node:
-        input_schema_id = _json_int(node["InputSchemaId"], f"{path}.InputSchemaId", source=src)
+        input_schema_id = json_int(node["InputSchemaId"], f"{path}.InputSchemaId", source=src)
     if "OutputSchemaId" in node:
-        output_schema_id = _json_int(node["OutputSchemaId"], f"{path}.OutputSchemaId", source=src)
+        output_schema_id = json_int(node["OutputSchemaId"], f"{path}.OutputSchemaId", source=src)
     ctx.unknown(node, ("Id", "Name", "MaxByteNum", "InputSchemaId", "OutputSchemaId"), path)
     return NetworkConfig(net_id, name, max_byte_num, input_schema_id, output_schema_id)
 

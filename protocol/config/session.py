@@ -28,7 +28,7 @@ from protocol.config.values import (
     TrainerConfig,
 )
 from protocol.errors import ConfigError
-from protocol.schema import _json_object
+from protocol.json_fields import json_object
 
 __all__ = ["session_from_files", "session_from_shared_memory", "session_from_socket", "socket_config_to_json"]
 
@@ -38,7 +38,7 @@ def session_from_shared_memory(trainer_obj: object, data_obj: object) -> Session
     warnings: list[str] = []
     trainer = read_trainer(trainer_obj, ParseContext("trainer-config.json", warnings), "", True)
     ctx = ParseContext("data-config.json", warnings)
-    node = _json_object(data_obj, "data config", source=ctx.source)
+    node = json_object(data_obj, "data config", source=ctx.source)
     ctx.unknown(node, (*DATA_KEYS, *MODEL_KEYS), "")
     data = read_data(node, ctx, "")
     model = read_model(node, ctx, "")
@@ -50,7 +50,7 @@ def session_from_socket(obj: object) -> SessionConfig:
     """Socket transport: one object = data + model keys + ``"TrainerSettings"`` (no TempDirectory, §3)."""
     warnings: list[str] = []
     ctx = ParseContext("socket config", warnings)
-    node = _json_object(obj, "socket config", source=ctx.source)
+    node = json_object(obj, "socket config", source=ctx.source)
     ctx.unknown(node, (*DATA_KEYS, *MODEL_KEYS, "TrainerSettings"), "")
     if "TrainerSettings" in node:
         trainer = read_trainer(node["TrainerSettings"], ctx, "TrainerSettings", False)
@@ -69,11 +69,11 @@ def session_from_files(trainer_obj: object, data_obj: object, model_obj: object)
     warnings: list[str] = []
     trainer = read_trainer(trainer_obj, ParseContext("trainer-config.json", warnings), "", True)
     data_ctx = ParseContext("ReplayBuffers/data-config.json", warnings)
-    data_node = _json_object(data_obj, "data config", source=data_ctx.source)
+    data_node = json_object(data_obj, "data config", source=data_ctx.source)
     data_ctx.unknown(data_node, DATA_KEYS, "")
     data = read_data(data_node, data_ctx, "")
     model_ctx = ParseContext("Networks/model-config.json", warnings)
-    model_node = _json_object(model_obj, "model config", source=model_ctx.source)
+    model_node = json_object(model_obj, "model config", source=model_ctx.source)
     model_ctx.unknown(model_node, MODEL_KEYS, "")
     model = read_model(model_node, model_ctx, "")
     _cross_check(trainer, data, model, data_ctx, model_ctx)

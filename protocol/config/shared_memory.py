@@ -9,7 +9,7 @@ from __future__ import annotations
 from protocol.config.fields import ParseContext, check_unique
 from protocol.config.values import ReplayBufferGuids, SessionConfig, SharedMemoryConfig
 from protocol.errors import ConfigError
-from protocol.schema import _json_int, _json_list, _json_object, _json_str, _require
+from protocol.json_fields import json_int, json_list, json_object, json_str, require
 
 __all__ = ["check_shared_memory_config", "parse_shared_memory_config", "shared_memory_config_to_json"]
 
@@ -30,32 +30,32 @@ def parse_shared_memory_config(
 ) -> SharedMemoryConfig:
     """Parse ``shared-memory-<GUID>.json`` (§2.6). GUID strings are kept as written (protocol.guid parses)."""
     ctx = ParseContext(source, warnings if warnings is not None else [])
-    node = _json_object(obj, "shared-memory config", source=source)
-    raw_nets = _json_list(_require(node, "NetworkGuids", "", source=source), "NetworkGuids", source=source)
+    node = json_object(obj, "shared-memory config", source=source)
+    raw_nets = json_list(require(node, "NetworkGuids", "", source=source), "NetworkGuids", source=source)
     network_guids = []
     for i, item in enumerate(raw_nets):
         p = f"NetworkGuids[{i}]"
-        entry = _json_object(item, p, source=source)
-        nid = _json_int(_require(entry, "NetworkId", p, source=source), f"{p}.NetworkId", source=source)
-        guid = _json_str(_require(entry, "Guid", p, source=source), f"{p}.Guid", source=source)
+        entry = json_object(item, p, source=source)
+        nid = json_int(require(entry, "NetworkId", p, source=source), f"{p}.NetworkId", source=source)
+        guid = json_str(require(entry, "Guid", p, source=source), f"{p}.Guid", source=source)
         ctx.unknown(entry, ("NetworkId", "Guid"), p)
         network_guids.append((nid, guid))
     check_unique([nid for nid, _ in network_guids], "NetworkGuids", ctx)
 
-    raw_rbs = _json_list(_require(node, "ReplayBuffers", "", source=source), "ReplayBuffers", source=source)
+    raw_rbs = json_list(require(node, "ReplayBuffers", "", source=source), "ReplayBuffers", source=source)
     replay_buffers = []
     for i, item in enumerate(raw_rbs):
         p = f"ReplayBuffers[{i}]"
-        entry = _json_object(item, p, source=source)
-        starts = _json_str(
-            _require(entry, "EpisodeStartsGuid", p, source=source), f"{p}.EpisodeStartsGuid", source=source
+        entry = json_object(item, p, source=source)
+        starts = json_str(
+            require(entry, "EpisodeStartsGuid", p, source=source), f"{p}.EpisodeStartsGuid", source=source
         )
-        lengths = _json_str(
-            _require(entry, "EpisodeLengthsGuid", p, source=source), f"{p}.EpisodeLengthsGuid", source=source
+        lengths = json_str(
+            require(entry, "EpisodeLengthsGuid", p, source=source), f"{p}.EpisodeLengthsGuid", source=source
         )
         completions = ""
         if "EpisodeCompletionModesGuid" in entry:
-            completions = _json_str(
+            completions = json_str(
                 entry["EpisodeCompletionModesGuid"], f"{p}.EpisodeCompletionModesGuid", source=source
             )
         else:
@@ -63,8 +63,8 @@ def parse_shared_memory_config(
         lists: dict[str, tuple[str, ...]] = {}
         for key, attr in _GUID_LIST_FIELDS:
             if key in entry:
-                raw = _json_list(entry[key], f"{p}.{key}", source=source)
-                lists[attr] = tuple(_json_str(g, f"{p}.{key}[{k}]", source=source) for k, g in enumerate(raw))
+                raw = json_list(entry[key], f"{p}.{key}", source=source)
+                lists[attr] = tuple(json_str(g, f"{p}.{key}[{k}]", source=source) for k, g in enumerate(raw))
             else:
                 ctx.missing(f"{p}.{key}", [])
                 lists[attr] = ()

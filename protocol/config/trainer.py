@@ -18,7 +18,8 @@ from protocol.config.fields import (
     write_fields,
 )
 from protocol.config.values import FlowMatchingTrainingSettings, TrainerConfig
-from protocol.schema import INT32_MAX, _json_object, _json_str
+from protocol.ints import INT32_MAX
+from protocol.json_fields import json_object, json_str
 
 __all__ = ["DEVICES", "parse_trainer_config", "read_trainer", "trainer_config_to_json"]
 
@@ -67,11 +68,11 @@ def parse_trainer_config(
 
 def read_trainer(obj: object, ctx: ParseContext, path: str, expect_temp_directory: bool) -> TrainerConfig:
     """:func:`parse_trainer_config` within a parse that is already under way (the assemblies)."""
-    node = _json_object(obj, path or "trainer config", source=ctx.source)
+    node = json_object(obj, path or "trainer config", source=ctx.source)
     values = read_fields(node, _TRAINER_FIELDS, TrainerConfig, path, ctx)
     settings_path = join_path(path, "FlowMatchingTrainingSettings")
     if "FlowMatchingTrainingSettings" in node:
-        settings_obj = _json_object(node["FlowMatchingTrainingSettings"], settings_path, source=ctx.source)
+        settings_obj = json_object(node["FlowMatchingTrainingSettings"], settings_path, source=ctx.source)
         training = FlowMatchingTrainingSettings(
             **read_fields(settings_obj, _TRAINING_FIELDS, FlowMatchingTrainingSettings, settings_path, ctx)  # type: ignore[arg-type]
         )
@@ -81,7 +82,7 @@ def read_trainer(obj: object, ctx: ParseContext, path: str, expect_temp_director
         training = FlowMatchingTrainingSettings()
     temp_directory: str | None = None
     if "TempDirectory" in node:
-        temp_directory = _json_str(node["TempDirectory"], join_path(path, "TempDirectory"), source=ctx.source)
+        temp_directory = json_str(node["TempDirectory"], join_path(path, "TempDirectory"), source=ctx.source)
     elif expect_temp_directory:
         ctx.warnings.append(
             f"{ctx.where(join_path(path, 'TempDirectory'))} is missing; no temp directory is known"

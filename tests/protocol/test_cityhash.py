@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.cityhash import INT32_MAX, city_hash32, denoiser_compatibility_hash, to_int32
+from protocol.cityhash import city_hash32, denoiser_compatibility_hash, to_int32
 from protocol.errors import ProtocolError, SnapshotError
+from protocol.ints import INT32_MAX
 
 
 def _counting(n: int) -> bytes:
