@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     # At run time the links (numpy, the transports) are imported only once argv and options are valid.
     from trainer.links import TrainerLink
 
-__all__ = ["InterruptFlag", "engine_main", "open_link_for_launch", "run_with_link"]
+__all__ = ["InterruptFlag", "engine_main", "open_link_for_launch", "run_with_link", "use_utf8_output"]
 
 
 class InterruptFlag:
@@ -73,6 +73,26 @@ class InterruptFlag:
         finally:
             for sig, old in previous.items():
                 signal.signal(sig, old)
+
+
+def use_utf8_output() -> None:
+    """stdout and stderr in UTF-8 whatever the locale says; text that cannot be encoded is escaped, never
+    raised.
+
+    The engine reads the trainer's pipe and decodes it as UTF-8 (``FPlatformProcess::ReadPipe`` converts
+    with ``FUTF8ToTCHAR``), while Python writes a Windows pipe in the ANSI code page (cp1252, spec §11
+    item 7): a path outside cp1252 in a message raised UnicodeEncodeError there, which silenced every
+    later line. Our own messages are ASCII (``tests/trainer/test_ascii_output.py``); this covers what
+    they quote (paths, the game's JSON).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is None:
+            continue  # replaced by a test harness or a null device: nothing to do
+        try:
+            reconfigure(encoding="utf-8", errors="backslashreplace")
+        except (OSError, ValueError):
+            pass  # a closed stream: _emit copes with that
 
 
 def _silence_output() -> None:
@@ -253,6 +273,7 @@ def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None
     ``runner`` (default :func:`run_with_link`) is called as ``runner(open_link, options=, task_dir=)`` once
     the command line and options are valid; :mod:`trainer.distributed` uses it on rank 0.
     """
+    use_utf8_output()
     try:
         args = parse_launch_argv(list(argv))
     except ArgvError as error:

@@ -120,8 +120,8 @@ class TrainingData:
             )
         if self.targets.shape[1] != self.chunk_size * self.action_width:
             raise ValueError(
-                f"targets have {self.targets.shape[1]} columns, expected C·Av = "
-                f"{self.chunk_size}·{self.action_width}"
+                f"targets have {self.targets.shape[1]} columns, expected C*Av = "
+                f"{self.chunk_size}*{self.action_width}"
             )
 
     @property

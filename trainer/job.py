@@ -145,7 +145,7 @@ class TrainingJob:
                 raise BadData(f"options ode_steps/distill_fraction: {error}") from None
             log(
                 f"la-trainer: distilling for {options.ode_steps} Euler step(s) from iteration {distill_start} "
-                f"({total - distill_start} of {total} iterations, ≈{options.distill_fraction:.0%} of the time)"
+                f"({total - distill_start} of {total} iterations, ~{options.distill_fraction:.0%} of the time)"
             )
             if total - distill_start < RECOMMENDED_ITERATIONS:
                 log(

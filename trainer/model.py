@@ -208,7 +208,7 @@ class FlowModel(nn.Module):
         if embed and not has_auto_normalization(obs_schema):
             notes.append(
                 "EmbedNormalizationsInWeights is true but no observation leaf has an Auto* Normalization "
-                "(spec §10 item 5): the encoder gets no statistics"
+                "(spec section 10 item 5): the encoder gets no statistics"
             )
         if embed:
             try:
@@ -227,7 +227,7 @@ class FlowModel(nn.Module):
         if embed and not has_auto_normalization(action_schema):
             notes.append(
                 "EmbedNormalizationsInWeights is true but no action leaf has an Auto* Normalization "
-                "(spec §10 item 5): the denoiser works in the recorded action units"
+                "(spec section 10 item 5): the denoiser works in the recorded action units"
             )
         if embed:
             try:
@@ -511,14 +511,14 @@ def _check_widths(
         problems.append(f"the encoder reads {encoder.input_size} values but observations have {obs_width}")
     if decoder.input_size != act_width or decoder.output_size != act_width:
         problems.append(
-            f"the decoder maps {decoder.input_size} → {decoder.output_size} values but an action chunk has "
-            f"{act_width} (ActionChunkSize·ActionVectorSize)"
+            f"the decoder maps {decoder.input_size} -> {decoder.output_size} values but an action chunk has "
+            f"{act_width} (ActionChunkSize*ActionVectorSize)"
         )
     expected_in = encoder.output_size + act_width + 1
     if denoiser.input_size != expected_in or denoiser.output_size != act_width:
         problems.append(
-            f"the denoiser maps {denoiser.input_size} → {denoiser.output_size} values but "
-            f"[latents ‖ x ‖ t] → velocity needs {expected_in} → {act_width} (spec §6.3)"
+            f"the denoiser maps {denoiser.input_size} -> {denoiser.output_size} values but "
+            f"[latents | x | t] -> velocity needs {expected_in} -> {act_width} (spec section 6.3)"
         )
     if problems:
         raise BadData("the received networks do not fit the data: " + "; ".join(problems) + ".")

@@ -325,6 +325,6 @@ def scale_out_job(job: TrainingJob, ctx: RankContext) -> DistributedTrainingJob:
     if env.leader:
         log(
             f"la-trainer: scale-out: {env.world_size} processes, global batch {training.batch_size} = "
-            f"{env.world_size} × {sampler.batch_size}, backend {dist.get_backend()}"
+            f"{env.world_size} x {sampler.batch_size}, backend {dist.get_backend()}"
         )
     return scaled

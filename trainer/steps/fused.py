@@ -171,8 +171,8 @@ class FusedStep:
         in_width = int(layout.linears[0].weight.shape[1])
         if in_width != latent_width + action_width + 1 or widths[-1] != action_width:
             raise ValueError(
-                f"the denoiser maps {in_width} → {widths[-1]} but [latents ‖ x ‖ t] → velocity is "
-                f"{latent_width + action_width + 1} → {action_width}"
+                f"the denoiser maps {in_width} -> {widths[-1]} but [latents | x | t] -> velocity is "
+                f"{latent_width + action_width + 1} -> {action_width}"
             )
         self._forward = [activation_forward(a, exact) for a in layout.activations]
         self._backward = [activation_backward(a, exact) for a in layout.activations]
