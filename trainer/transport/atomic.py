@@ -27,11 +27,20 @@ import errno
 import glob
 import os
 import secrets
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_file", "atomic_write", "fsync_directory", "stale_temp_files"]
+__all__ = [
+    "REPLACE_RETRY_S",
+    "atomic_file",
+    "atomic_write",
+    "fsync_directory",
+    "replace_file",
+    "stale_temp_files",
+]
 
 _TEMP_SUFFIX = ".tmp"
 _NAME_ATTEMPTS = 100
@@ -41,6 +50,9 @@ _CREATE_FLAGS = (
 )
 _CREATE_MODE = 0o666
 """The mode ``open(path, "w")`` asks for; the kernel subtracts the umask."""
+REPLACE_RETRY_S = 1.0
+"""Windows: how long a rename over a file that a reader holds open is retried (seconds)."""
+_REPLACE_PAUSE_S = 0.02
 
 
 def _temp_prefix(target: Path) -> str:
@@ -77,7 +89,7 @@ def atomic_file(
                 os.fsync(handle.fileno())
         if before_replace is not None:
             before_replace()
-        os.replace(tmp, target)
+        replace_file(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -92,6 +104,35 @@ def atomic_write(
     """Replace ``path`` with ``data`` (see :func:`atomic_file`)."""
     with atomic_file(path, durable=durable) as handle:
         handle.write(data)
+
+
+def replace_file(
+    source: Path,
+    target: Path,
+    *,
+    platform: str | None = None,
+    retry_s: float = REPLACE_RETRY_S,
+    replace: Callable[[Path, Path], None] = os.replace,
+) -> None:
+    """``os.replace(source, target)``; on Windows retried briefly while the target is held open.
+
+    Windows refuses to rename over a file that another process has open without ``FILE_SHARE_DELETE``
+    (``la-trainer watch``, an editor or a virus scanner reading the status file or a snapshot): a
+    ``PermissionError`` that lasts as long as the reader's read. POSIX renames never fail that way, so a
+    PermissionError there is real and raised at once. ``platform`` and ``replace`` are seams for tests.
+    """
+    if (platform or sys.platform) != "win32":
+        replace(source, target)
+        return
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            replace(source, target)
+            return
+        except PermissionError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(_REPLACE_PAUSE_S)
 
 
 def stale_temp_files(path: str | os.PathLike[str]) -> list[Path]:
