@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -121,26 +122,29 @@ def _emit(text: str, stream: TextIO | None = None) -> None:
         _silence_output()
 
 
-def _record_failure(task_dir: Path | None, options: TrainerOptions, paragraph: str) -> None:
-    """Status file: phase "failed" with the message and the phase the run was in (``la-trainer watch``,
-    and the only trace left when the engine's output pipe is gone)."""
-    if task_dir is None or not options.status_file:
+def _record_failure(task_dir: Path | None, options: TrainerOptions | None, paragraph: str, code: int) -> None:
+    """Status file: phase "failed" with the exit code, the message and the phase the run was in
+    (``la-trainer watch``, and the only trace left when the engine's output pipe is gone). The last
+    iteration and loss stay as the run left them. ``options`` None: they were refused (written anyway)."""
+    if task_dir is None or (options is not None and not options.status_file):
         return
-    from trainer.progress import STATUS_FILE_NAME, Status, read_status, write_status
+    from trainer.progress import STATUS_FILE_NAME, RunPhase, Status, read_status, write_status
 
     path = task_dir / STATUS_FILE_NAME
     try:
         previous = read_status(path)
     except (OSError, ValueError):
-        previous = Status(phase="starting")
+        previous = Status(phase=RunPhase.STARTING, started=time.time())
     try:
         write_status(
             path,
             dataclasses.replace(
                 previous,
-                phase="failed",
-                message=f"{paragraph} (phase: {previous.phase})",
+                phase=RunPhase.FAILED,
+                exit_code=code,
+                message=f"{paragraph} (phase: {previous.phase.value})",
                 pid=os.getpid(),
+                host=socket.gethostname(),
                 updated=time.time(),
             ),
         )
@@ -204,9 +208,10 @@ def run_with_link(
                 "the engine closed the trainer's output pipe (stdout/stderr); the game went away"
             )
         paragraph = _error_paragraph(error)
-        _record_failure(task_dir, options, paragraph)
+        code = int(exit_code_for(error))
+        _record_failure(task_dir, options, paragraph, code)
         _emit(paragraph)
-        return int(exit_code_for(error))
+        return code
     finally:
         if link is not None:
             try:
@@ -225,8 +230,9 @@ def open_link_for_launch(
 ) -> TrainerLink:
     """The trainer link that the engine's launch arguments describe.
 
-    ``engine_spawned``: the engine started this process (``scripts/train.py``), so a change of parent
-    means the game died; socket mode then watches it too (shared memory always does without ``-c``).
+    ``engine_spawned``: the engine started this process (the drop-in ``train.py``), so it is watched
+    (:mod:`trainer.transport.liveness`) and waits on it have no bound; otherwise (``la-trainer shm`` and
+    ``socket``, attach mode) waits the game's liveness cannot be seen by are bounded by ``Timeouts.wait``.
     """
     mode = args.mode
     if isinstance(mode, SharedMemoryArgs):
@@ -250,17 +256,19 @@ def open_link_for_launch(
             controls_guid=mode.controls_guid,
             create=mode.create_mem,
             timeouts=timeouts,
+            watch_parent=engine_spawned and not mode.create_mem,
             interrupted=interrupt.is_set if interrupt is not None else None,
         )
     if isinstance(mode, SocketArgs):
-        from trainer.links import SocketTrainerLink, parent_watch
+        from trainer.links import SocketTrainerLink
+        from trainer.transport.liveness import parent_watch
 
         return SocketTrainerLink(
             host=mode.host,
             port=mode.port,
             timeouts=timeouts,
-            # Without it a game killed before it connected would leave us waiting the whole connect
-            # timeout (EOF tells us only once a connection exists).
+            # The engine process shows that a game is there before it connects (EOF tells us only once a
+            # connection exists), so even the wait for the connection needs no bound.
             peer_alive=parent_watch() if engine_spawned else None,
             interrupted=interrupt.is_set if interrupt is not None else None,
         )
@@ -283,19 +291,35 @@ def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None
     if isinstance(args.mode, SharedMemoryArgs):
         task_dir = Path(args.mode.task_dir)
     else:
-        # Socket mode has no task directory: snapshots and the status file go to
-        # <temp_directory>/<TaskName> (the engine passes its Intermediate/LearningCore as temp dir).
-        task_dir = Path(args.mode.temp_directory) / args.task_name if args.mode.temp_directory else None
-        if task_dir is not None:
+        # Socket mode has no task directory: each run gets <temp_directory>/<TaskName><N>, numbered as
+        # the engine numbers its shared-memory runs (the engine passes its Intermediate/LearningCore as
+        # temp dir), so runs never share a status file, snapshots or a run record.
+        task_dir = None
+        if args.mode.temp_directory:
+            from trainer.runrecord import new_task_folder
+
             try:
-                task_dir.mkdir(parents=True, exist_ok=True)
+                task_dir = new_task_folder(Path(args.mode.temp_directory), args.task_name)
             except OSError as error:
-                print(f"la-trainer: cannot create {task_dir}: {error}", file=sys.stderr, flush=True)
+                print(
+                    f"la-trainer: cannot create a task folder under {args.mode.temp_directory}: {error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return int(ExitCode.USAGE)
     try:
-        options = load_options(task_dir if task_dir is not None and task_dir.is_dir() else None)
+        # Settings: <IntermediatePath>/la-trainer.json for every run of the project (the task folder is
+        # new for each run), then the task folder's own.
+        options = load_options(
+            task_dir if task_dir is not None and task_dir.is_dir() else None,
+            shared_dir=task_dir.parent if task_dir is not None else None,
+        )
     except LaunchError as error:
-        print(_error_paragraph(error), file=sys.stderr, flush=True)
+        # Refused before the link opens (the game has sent nothing): the paragraph on stderr, which the
+        # engine copies into its log, and in the status file for la-trainer watch.
+        paragraph = _error_paragraph(error)
+        _record_failure(task_dir if task_dir is not None and task_dir.is_dir() else None, None, paragraph, 2)
+        print(paragraph, file=sys.stderr, flush=True)
         return int(ExitCode.USAGE)
     timeouts = Timeouts.from_env()
 

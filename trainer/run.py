@@ -13,12 +13,15 @@ import platform
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from protocol.config import data_config_to_json, trainer_config_to_json
+from protocol.engine.configs import format_time_stamp
 from protocol.errors import ProtocolError
 from protocol.nne.layers import Layer
 from protocol.snapshot import Snapshot, read_snapshot, snapshot_with_model, write_snapshot
@@ -26,10 +29,11 @@ from trainer import __version__
 from trainer.errors import BadData, Diverged, PeerGone, Unsupported, WaitTimeout
 from trainer.exitcodes import ExitCode
 from trainer.options import TrainerOptions
-from trainer.progress import STATUS_FILE_NAME, ProgressReporter, log
+from trainer.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase, log
+from trainer.runrecord import RunLog, run_name, task_name_of
 from trainer.snapshots import SnapshotWriter
 from trainer.timeouts import Timeouts
-from trainer.trackers import TRACK_EVERY, Trackers
+from trainer.trackers import TRACK_EVERY
 from trainer.transport.wait import StopRequested
 
 if TYPE_CHECKING:
@@ -146,6 +150,16 @@ class LoopEnd(Enum):
             return ExitCode.DIVERGED
         return ExitCode.OK
 
+    @property
+    def phase(self) -> RunPhase:
+        """The final phase the status file records for this end."""
+        return {
+            LoopEnd.DONE: RunPhase.COMPLETE,
+            LoopEnd.STOPPED: RunPhase.STOPPED,
+            LoopEnd.INTERRUPTED: RunPhase.INTERRUPTED,
+            LoopEnd.DIVERGED: RunPhase.DIVERGED,
+        }[self]
+
 
 def _banner(device: torch.device, threads: int) -> None:
     log(
@@ -167,16 +181,60 @@ def run_training(
 
     ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
     it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`). ``timeouts``:
-    the keep-alive period while we are busy (``ping_interval``) and the wait for the engine after
-    Complete (``close``)."""
+    the keep-alive period while we are busy (``ping_interval``) and the bound of the wait for the engine
+    after Complete where the link cannot see the game (``wait``). The status file (``trainer.progress``) and the run record
+    (``trainer.runrecord``) follow the run to its end, whichever way it ends."""
+    status_path = task_dir / STATUS_FILE_NAME if (task_dir is not None and options.status_file) else None
+    runlog = RunLog()
+    with ProgressReporter(0, every_s=options.progress_every_seconds, status_path=status_path) as reporter:
+        try:
+            return _story(
+                link,
+                reporter,
+                runlog,
+                options=options,
+                task_dir=task_dir,
+                interrupt=interrupt,
+                prepare_job=prepare_job,
+                timeouts=timeouts,
+            )
+        except BaseException as error:
+            runlog.abort(error)
+            raise
+
+
+def _learning_rate(job: TrainingJob) -> float:
+    """The optimiser's current learning rate (what the metrics log and trackers report)."""
+    return float(job.optimizer.param_groups[0]["lr"])
+
+
+def _phase_key(job: TrainingJob) -> str:
+    """``flow_matching`` or ``distillation``: the loss series a point belongs to."""
+    return job.phase.name.lower() if job.phase is not None else "flow_matching"
+
+
+def _story(
+    link: TrainerLink,
+    reporter: ProgressReporter,
+    runlog: RunLog,
+    *,
+    options: TrainerOptions,
+    task_dir: Path | None,
+    interrupt: InterruptLike | None,
+    prepare_job: Callable[[TrainingJob], TrainingJob] | None,
+    timeouts: Timeouts,
+) -> ExitCode:
     from trainer.job import TrainingJob
     from trainer.links import KeepAlive
 
-    status_path = task_dir / STATUS_FILE_NAME if (task_dir is not None and options.status_file) else None
-    reporter = ProgressReporter(0, every_s=options.progress_every_seconds, status_path=status_path)
+    # Offline (the engine's export) there is no game: no waiting for it, no sync rounds to speak of.
+    offline = link.comm_type == "Files"
 
     # 1. Config (spec §2.4 / §3): everything else is sized from it.
-    reporter.phase("waiting for config", "la-trainer: waiting for the game's config ...")
+    if offline:
+        reporter.phase(RunPhase.READING_EXPORT, "la-trainer: reading the exported training materials ...")
+    else:
+        reporter.phase(RunPhase.WAITING_FOR_CONFIG, "la-trainer: waiting for the game's config ...")
     config = link.receive_config()
     for warning in config.warnings:
         log(f"warning: config: {warning}")
@@ -188,6 +246,7 @@ def run_training(
         )
 
     # 2. The three initial networks, in the engine's order (spec §2.4, §7.1).
+    reporter.phase(RunPhase.RECEIVING_NETWORKS)
     received: dict[int, Snapshot] = {}
     for nid in NETWORK_IDS:
         blob = link.receive_network(nid)
@@ -205,7 +264,7 @@ def run_training(
             ) from error
 
     # 3. The replay buffer, sent once (spec §5.3); checked where it becomes training data (step 4).
-    reporter.phase("receiving experience")
+    reporter.phase(RunPhase.RECEIVING_EXPERIENCE)
     replay = link.receive_experience()
 
     # 4. Build the job while pinging: the engine may be waiting on us (spec §2.4).
@@ -230,7 +289,7 @@ def run_training(
         _banner(device, torch.get_num_threads() if device.type == "cpu" else threads)
     total = job.total_iterations
     reporter.start(total, job.start_iteration)
-    reporter.phase("training")  # before the first progress line: a failure now is a training failure
+    reporter.phase(RunPhase.TRAINING)  # before the first progress line: a failure now is a training failure
     log(
         f"la-trainer: training {total} iterations on {job.sample_num} samples "
         f"(observation {job.observation_dim}, action {job.action_dim}, chunk {settings.action_chunk_size})"
@@ -240,7 +299,30 @@ def run_training(
     writer = (
         SnapshotWriter.for_run(task_dir, config, options) if config.trainer.training.save_snapshots else None
     )
-    trackers = Trackers.for_run(config.trainer, task_dir, link.comm_type)
+    # The run's record and trackers, under the engine's run name (spec §7.2; trainer.runrecord).
+    stamp = config.trainer.time_stamp or format_time_stamp(datetime.now())
+    runlog.open(
+        task_dir=task_dir,
+        name=run_name(task_name_of(task_dir), config.trainer.trainer_method, link.comm_type, stamp),
+        options=options,
+        config=config.trainer,
+        engine_config={
+            **data_config_to_json(config.data, config.model),
+            "TrainerSettings": trainer_config_to_json(config.trainer),
+        },
+        info={
+            "comm_type": link.comm_type,
+            "trainer_version": __version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "device": str(device),
+            "iterations": total,
+            "first_iteration": job.start_iteration,
+        },
+        first_iteration=job.start_iteration,
+    )
+    if runlog.folder is not None:
+        reporter.run_dir(runlog.folder)
     every_iterations = options.sync_every_iterations
     every_seconds = options.sync_every_seconds
     snapshot_every = config.trainer.training.iterations_per_snapshot
@@ -261,7 +343,7 @@ def run_training(
             iteration += 1
             reporter.update(iteration, loss)
             if iteration % TRACK_EVERY == 0:
-                trackers.scalars(iteration, {"loss": loss, "sync_rounds": float(sync.rounds)})
+                runlog.point(iteration, _phase_key(job), loss, _learning_rate(job), sync.rounds)
             now = time.monotonic()
             due = (every_iterations > 0 and iteration % every_iterations == 0) or (
                 every_seconds > 0 and now - last_sync >= every_seconds
@@ -288,19 +370,28 @@ def run_training(
 
     finally:
         if iteration % TRACK_EVERY and iteration > job.start_iteration:
-            trackers.scalars(iteration, {"loss": job.smoothed_loss, "sync_rounds": float(sync.rounds)})
-        trackers.close()
+            runlog.point(iteration, _phase_key(job), job.smoothed_loss, _learning_rate(job), sync.rounds)
 
     # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
     reporter.update(iteration, job.smoothed_loss, force=True)
+    reporter.phase(RunPhase.FINISHING)
     final = encode_networks(received, job.export())
+    kept = runlog.networks(final)
     if end is LoopEnd.STOPPED:
         # Spec §2.4: after a Stop the engine tears its side down at once; exit cleanly without sending.
-        log(f"la-trainer: stopped at iteration {iteration}: {end.value}.")
         if writer is not None:
             writer.write(iteration, final)
         job.maybe_checkpoint(iteration, force=True)
-        reporter.phase("stopped")
+        runlog.finish(
+            phase=end.phase.value,
+            exit_code=end.exit_code,
+            iteration=iteration,
+            loss=job.smoothed_loss,
+            outputs=kept,
+        )
+        reporter.finish(
+            end.phase, end.exit_code, f"la-trainer: stopped at iteration {iteration}: {end.value}."
+        )
         return end.exit_code
     with KeepAlive(link, timeouts.ping_interval):
         if writer is not None:
@@ -309,6 +400,15 @@ def run_training(
     sync.send(final)
     link.send_complete()
     reporter.syncs = sync.rounds
-    reporter.phase("complete", f"la-trainer: done after {iteration} iterations, {sync.rounds} sync rounds.")
-    link.finish(timeouts.close)
+    runlog.finish(
+        phase=end.phase.value,
+        exit_code=end.exit_code,
+        iteration=iteration,
+        loss=job.smoothed_loss,
+        outputs=kept,
+    )
+    rounds = "" if offline else f", {sync.rounds} sync rounds"
+    ending = "done" if end is LoopEnd.DONE else f"{end.value} (exit code {int(end.exit_code)})"
+    reporter.finish(end.phase, end.exit_code, f"la-trainer: {ending} after {iteration} iterations{rounds}.")
+    link.finish(timeouts.wait)  # offline: names the network files it wrote
     return end.exit_code

@@ -1,52 +1,59 @@
-"""Experiment trackers the engine's config can ask for: ``UseTensorBoard`` and ``UseMLflow`` (spec §4.1, §7.2).
+"""Experiment trackers: TensorBoard and MLflow, switched on from Unreal or from our side.
 
-Both packages are optional (neither is a dependency of la-trainer): when the config asks for one that is
-not installed, the trainer says so once and trains on. A tracker that fails while training (disk full, an
-MLflow server gone) is switched off with one warning: a tracker must never end a run.
+Either side switches each one on: the engine's trainer settings ``UseTensorBoard`` / ``UseMLflow`` (with
+``MLflowTrackingUri``, spec §4.1), or our options ``tensorboard`` / ``mlflow`` (``--tensorboard``,
+``--mlflow URI``, ``LA_TRAINER_TENSORBOARD=1``, ``LA_TRAINER_MLFLOW=URI`` or ``la-trainer.json``), so a
+game whose settings are baked in can still be tracked.
+
+Both packages are optional (extras ``tensorboard``, ``mlflow``; ``mlflow-skinny`` is enough for writing):
+when one is asked for but not installed, the trainer says so once and trains on. A tracker that fails
+while training (disk full, an MLflow server gone) is switched off with one warning: a tracker must never
+end a run.
 
 Where things go (spec §7.2, the engine's own trainer):
 
-* TensorBoard: ``<TempDirectory>/TensorBoard/runs/<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``.
-  [INF] ``TempDirectory`` is not sent over the socket: then ``<task_dir>/TensorBoard/runs/...``, and with
-  no task folder either, ``./TensorBoard/runs/...``. ``TaskName`` is the task folder's name (the engine
-  names it after the task, ``Training0`` by default).
-* MLflow: the tracking URI ``MLflowTrackingUri`` when not empty (else MLflow's own default), one run
-  named like the TensorBoard folder.
+* TensorBoard: ``<TempDirectory>/TensorBoard/runs/<run name>``. [INF] ``TempDirectory`` is not sent over
+  the socket: then ``<task_dir>/TensorBoard/runs/...``, and with no task folder, ``./TensorBoard/runs/...``.
+* MLflow: the tracking URI (ours when given, else ``MLflowTrackingUri``, else MLflow's own default), one
+  run named like the TensorBoard folder.
 
-Logged every :data:`TRACK_EVERY` iterations and at the end (not every iteration, so tracking costs nothing
-measurable): ``loss`` (the smoothed training loss, as on the progress line) and ``sync_rounds``.
+What is logged (what people compare runs by): every :data:`TRACK_EVERY` iterations and at the end, the
+smoothed loss of each phase under its own key (``loss/flow_matching``, ``loss/distillation``: different
+objectives on different scales), ``iterations_per_second``, ``learning_rate`` and ``sync_rounds``
+(:class:`trainer.runrecord.MetricsPoint`); once, the configuration as parameters (our options and the
+engine's training settings); at the end, the final networks as artefacts (MLflow).
 """
 
 from __future__ import annotations
 
 import importlib
-import re
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
 from protocol.config import TrainerConfig
+from trainer.options import TrainerOptions
 from trainer.progress import log
 
-__all__ = ["TRACK_EVERY", "Trackers", "run_name"]
+__all__ = ["TRACK_EVERY", "Trackers"]
 
 TRACK_EVERY = 100
-"""Iterations between two tracker points."""
+"""Iterations between two tracker points (and metrics-log lines): often enough for a curve, rare enough
+to cost nothing measurable."""
+
+MLFLOW_DEFAULT = "default"
+"""``--mlflow default``: MLflow's own default tracking location (``MLFLOW_TRACKING_URI`` or ``./mlruns``)."""
 
 
 class _Tracker(Protocol):
     name: str
 
-    def scalars(self, step: int, values: dict[str, float]) -> None: ...
+    def scalars(self, step: int, values: Mapping[str, float]) -> None: ...
+    def params(self, values: Mapping[str, str]) -> None: ...
+    def artifacts(self, paths: Sequence[Path]) -> None: ...
     def close(self) -> None: ...
-
-
-def run_name(config: TrainerConfig, task_name: str, comm_type: str) -> str:
-    """``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``, safe as one path component."""
-    parts = [task_name or "Training", config.trainer_method or "FlowMatching", comm_type or "Unknown"]
-    if config.time_stamp:
-        parts.append(config.time_stamp)
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts))
 
 
 def _optional(module: str) -> ModuleType | None:
@@ -64,9 +71,17 @@ class _TensorBoard:
         self.folder = folder
         self._writer = writer_class(log_dir=str(folder))
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
         for key, value in values.items():
             self._writer.add_scalar(key, value, step)
+
+    def params(self, values: Mapping[str, str]) -> None:
+        # TensorBoard's text plugin renders markdown: one table row per setting.
+        rows = "\n".join(f"| {key} | {value} |" for key, value in sorted(values.items()))
+        self._writer.add_text("config", f"| setting | value |\n|---|---|\n{rows}", 0)
+
+    def artifacts(self, paths: Sequence[Path]) -> None:
+        """TensorBoard has no artefacts; the final networks are in the run record (trainer.runrecord)."""
 
     def close(self) -> None:
         self._writer.close()
@@ -81,15 +96,42 @@ class _MLflow:
         self._mlflow = mlflow
         self._run = mlflow.start_run(run_name=name)
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        self._mlflow.log_metrics(values, step=step)
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        self._mlflow.log_metrics(dict(values), step=step)
+
+    def params(self, values: Mapping[str, str]) -> None:
+        self._mlflow.log_params(dict(values))
+
+    def artifacts(self, paths: Sequence[Path]) -> None:
+        for path in paths:
+            self._mlflow.log_artifact(str(path), artifact_path="networks")
 
     def close(self) -> None:
         self._mlflow.end_run()
 
 
+def _flat_params(options: TrainerOptions, config: TrainerConfig) -> dict[str, str]:
+    """Our options as ``option.<name>`` and the engine's training settings as ``engine.<Key>``, as text."""
+    from dataclasses import fields
+
+    from protocol.config import trainer_config_to_json
+
+    values = {f"option.{f.name}": str(getattr(options, f.name)) for f in fields(options)}
+
+    def walk(prefix: str, obj: object) -> None:
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), value)
+        else:
+            text = json.dumps(obj) if not isinstance(obj, str) else obj
+            values[f"engine.{prefix}"] = text[:500]  # MLflow's parameter value limit in older servers
+
+    walk("", trainer_config_to_json(config))
+    return values
+
+
 class Trackers:
-    """The trackers this run's config asks for (possibly none); cheap no-ops when empty."""
+    """The trackers this run asks for (possibly none); cheap no-ops when empty."""
 
     def __init__(self, trackers: list[_Tracker]) -> None:
         self._trackers = trackers
@@ -102,22 +144,23 @@ class Trackers:
     def for_run(
         cls,
         config: TrainerConfig,
+        options: TrainerOptions,
+        name: str,
         task_dir: Path | None,
-        comm_type: str,
         *,
         import_module: Any = _optional,
     ) -> Trackers:
-        """Open what ``UseTensorBoard`` / ``UseMLflow`` ask for; warn once for each one that cannot open.
-
-        ``import_module``: how an optional package is imported (tests pass a fake)."""
-        name = run_name(config, task_dir.name if task_dir is not None else "", comm_type)
+        """Open what the engine's settings or our options ask for; warn once for each one that cannot
+        open. ``name``: the run name (:func:`trainer.runrecord.run_name`). ``import_module``: how an
+        optional package is imported (tests pass a fake)."""
         trackers: list[_Tracker] = []
-        if config.use_tensorboard:
+        if config.use_tensorboard or options.tensorboard:
+            asked = "UseTensorBoard is true" if config.use_tensorboard else "--tensorboard is on"
             module = import_module("torch.utils.tensorboard")
             if module is None:
                 log(
-                    "warning: UseTensorBoard is true but the 'tensorboard' package is not installed "
-                    "(pip install tensorboard); training without TensorBoard."
+                    f"warning: {asked} but the 'tensorboard' package is not installed "
+                    "(pip install tensorboard, or the la-trainer[tensorboard] extra); training without TensorBoard."
                 )
             else:
                 if config.temp_directory:
@@ -127,34 +170,49 @@ class Trackers:
                 folder = root / "TensorBoard" / "runs" / name
                 try:
                     trackers.append(_TensorBoard(module.SummaryWriter, folder))
-                    log(f"la-trainer: TensorBoard logs in {folder}")
+                    log(f"la-trainer: TensorBoard logs in {folder} (tensorboard --logdir {folder.parent})")
                 except Exception as error:  # an optional tracker must not end the run
                     log(f"warning: TensorBoard could not open {folder} ({error}); training without it.")
-        if config.use_mlflow:
+        if config.use_mlflow or options.mlflow:
+            asked = f"--mlflow {options.mlflow}" if options.mlflow else "UseMLflow is true"
+            uri = options.mlflow if options.mlflow else config.mlflow_tracking_uri
+            uri = "" if uri == MLFLOW_DEFAULT else uri
             module = import_module("mlflow")
             if module is None:
                 log(
-                    "warning: UseMLflow is true but the 'mlflow' package is not installed (pip install "
-                    "mlflow); training without MLflow."
+                    f"warning: {asked} but the 'mlflow' package is not installed (pip install mlflow-skinny, "
+                    "or the la-trainer[mlflow] extra); training without MLflow."
                 )
             else:
                 try:
-                    trackers.append(_MLflow(module, config.mlflow_tracking_uri, name))
-                    log(
-                        f"la-trainer: MLflow run {name!r} ({config.mlflow_tracking_uri or 'default tracking URI'})"
-                    )
+                    trackers.append(_MLflow(module, uri, name))
+                    log(f"la-trainer: MLflow run {name!r} ({uri or 'default tracking URI'})")
                 except Exception as error:
                     log(f"warning: MLflow could not start a run ({error}); training without it.")
-        return cls(trackers)
+        tracking = cls(trackers)
+        tracking.params(_flat_params(options, config))
+        return tracking
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        """Log ``values`` at ``step`` to every tracker; one that fails is dropped with one warning."""
+    def _each(self, what: str, call: Any) -> None:
         for tracker in list(self._trackers):
             try:
-                tracker.scalars(step, values)
+                call(tracker)
             except Exception as error:
-                log(f"warning: {tracker.name} failed ({error}); training on without it.")
+                log(f"warning: {tracker.name} failed to log {what} ({error}); training on without it.")
                 self._trackers.remove(tracker)
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """Log ``values`` at ``step`` to every tracker; one that fails is dropped with one warning."""
+        self._each("metrics", lambda t: t.scalars(step, values))
+
+    def params(self, values: Mapping[str, str]) -> None:
+        """The run's configuration, once."""
+        self._each("parameters", lambda t: t.params(values))
+
+    def artifacts(self, paths: Sequence[Path]) -> None:
+        """Files to keep with the run (the final networks)."""
+        if paths:
+            self._each("artefacts", lambda t: t.artifacts(paths))
 
     def close(self) -> None:
         for tracker in self._trackers:

@@ -329,7 +329,9 @@ def game_child_main(spec_path: str) -> None:
         game = ShmGame.create(task_dir / "Configs", timeout=ENGINE_TIMEOUT_S)
         argv = shared_memory_command(layout, "Training", task_dir, game.controls_guid)
     else:
-        task_dir = layout.intermediate_dir / "Training"
+        # The trainer numbers socket runs as the engine numbers shared-memory ones
+        # (trainer.runrecord.new_task_folder): the first one in a fresh folder is Training0.
+        task_dir = layout.intermediate_dir / "Training0"
         port = free_tcp_port()
         argv = socket_command(layout, "Training", "127.0.0.1", port)
     if spec.mode != "attach":
@@ -687,7 +689,7 @@ class LiveGame:
             self.game = ShmGame.create(self.task_dir / "Configs", timeout=ENGINE_TIMEOUT_S)
             argv = shared_memory_command(self.layout, "Training", self.task_dir, self.game.controls_guid)
         else:
-            self.task_dir = self.layout.intermediate_dir / "Training"
+            self.task_dir = self.layout.intermediate_dir / "Training0"  # numbered, as in run_killed_game
             port = free_tcp_port()
             argv = socket_command(self.layout, "Training", "127.0.0.1", port)
         self.proc = spawn_trainer(argv, self.layout.root, trainer_env(settings, **(env or {})))

@@ -1,5 +1,6 @@
-"""UseTensorBoard / UseMLflow: where runs go, what is logged, and that a missing or failing tracker never
-ends a run (trainer/trackers.py)."""
+"""TensorBoard / MLflow: switched on from Unreal (UseTensorBoard / UseMLflow) or from our side (--tensorboard,
+--mlflow URI); where runs go; what is logged (losses per phase, it/s, learning rate, the configuration,
+the final networks); and that a missing or failing tracker never ends a run (trainer/trackers.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any, ClassVar
 import pytest
 
 from protocol.config import TrainerConfig
-from trainer.trackers import Trackers, run_name
+from trainer.options import TrainerOptions
+from trainer.runrecord import MetricsPoint, run_name
+from trainer.trackers import Trackers
 
 
 class FakeWriter:
@@ -20,11 +23,15 @@ class FakeWriter:
     def __init__(self, log_dir: str) -> None:
         self.log_dir = log_dir
         self.points: list[tuple[str, float, int]] = []
+        self.texts: list[tuple[str, str]] = []
         self.closed = False
         FakeWriter.instances.append(self)
 
     def add_scalar(self, key: str, value: float, step: int) -> None:
         self.points.append((key, value, step))
+
+    def add_text(self, key: str, text: str, step: int) -> None:
+        self.texts.append((key, text))
 
     def close(self) -> None:
         self.closed = True
@@ -35,6 +42,8 @@ class FakeMlflow:
         self.uri: str | None = None
         self.run_name: str | None = None
         self.metrics: list[tuple[dict[str, float], int]] = []
+        self.params: dict[str, str] = {}
+        self.artifacts: list[tuple[str, str]] = []
         self.ended = False
 
     def set_tracking_uri(self, uri: str) -> None:
@@ -47,6 +56,12 @@ class FakeMlflow:
     def log_metrics(self, values: dict[str, float], step: int) -> None:
         self.metrics.append((dict(values), step))
 
+    def log_params(self, values: dict[str, str]) -> None:
+        self.params.update(values)
+
+    def log_artifact(self, path: str, artifact_path: str) -> None:
+        self.artifacts.append((path, artifact_path))
+
     def end_run(self) -> None:
         self.ended = True
 
@@ -56,27 +71,26 @@ def importer(modules: dict[str, Any]) -> Any:
 
 
 CONFIG = TrainerConfig(time_stamp="2026-12-02_17-40-123", use_tensorboard=True, use_mlflow=True)
+NAME = "Training_FlowMatching_SharedMemory_2026-12-02_17-40-123"
+OFF = TrainerOptions()
 
 
 def test_run_name_is_the_engines_pattern_and_one_path_component() -> None:
-    assert (
-        run_name(CONFIG, "Training0", "SharedMemory")
-        == "Training0_FlowMatching_SharedMemory_2026-12-02_17-40-123"
-    )
-    odd = replace(CONFIG, time_stamp="a/b c", trainer_method="")
-    assert run_name(odd, "", "Socket") == "Training_FlowMatching_Socket_a_b_c"
+    assert run_name("Training", "FlowMatching", "SharedMemory", CONFIG.time_stamp) == NAME
+    assert run_name("", "", "Socket", "a/b c") == "Training_FlowMatching_Socket_a_b_c"
 
 
 def test_missing_packages_warn_once_each_and_train_on(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    trackers = Trackers.for_run(CONFIG, tmp_path, "Socket", import_module=importer({}))
+    trackers = Trackers.for_run(CONFIG, OFF, NAME, tmp_path, import_module=importer({}))
     assert trackers.names == []
-    trackers.scalars(100, {"loss": 1.0})
+    trackers.scalars(100, {"loss/flow_matching": 1.0})
     trackers.close()
-    err = capsys.readouterr().out
-    assert err.count("UseTensorBoard is true but the 'tensorboard' package is not installed") == 1
-    assert err.count("UseMLflow is true but the 'mlflow' package is not installed") == 1
+    out = capsys.readouterr().out
+    assert out.count("UseTensorBoard is true but the 'tensorboard' package is not installed") == 1
+    assert out.count("UseMLflow is true but the 'mlflow' package is not installed") == 1
+    assert "mlflow-skinny" in out
 
 
 def test_tensorboard_folder_follows_temp_directory_then_task_dir(tmp_path: Path) -> None:
@@ -84,45 +98,86 @@ def test_tensorboard_folder_follows_temp_directory_then_task_dir(tmp_path: Path)
     tb = SimpleNamespace(SummaryWriter=FakeWriter)
     config = replace(CONFIG, use_mlflow=False, temp_directory=str(tmp_path / "Temp"))
     trackers = Trackers.for_run(
-        config,
-        tmp_path / "Training3",
-        "SharedMemory",
-        import_module=importer({"torch.utils.tensorboard": tb}),
+        config, OFF, NAME, tmp_path / "Training3", import_module=importer({"torch.utils.tensorboard": tb})
     )
     assert trackers.names == ["TensorBoard"]
-    expected = (
-        tmp_path
-        / "Temp"
-        / "TensorBoard"
-        / "runs"
-        / "Training3_FlowMatching_SharedMemory_2026-12-02_17-40-123"
-    )
+    expected = tmp_path / "Temp" / "TensorBoard" / "runs" / NAME
     assert FakeWriter.instances[-1].log_dir == str(expected) and expected.is_dir()
-    trackers.scalars(100, {"loss": 0.5, "sync_rounds": 2.0})
+    point = MetricsPoint(100, "flow_matching", 0.5, 1234.0, 1e-4, 2, 0.1)
+    trackers.scalars(100, point.tracker_values())
     trackers.close()
-    assert FakeWriter.instances[-1].points == [("loss", 0.5, 100), ("sync_rounds", 2.0, 100)]
+    assert FakeWriter.instances[-1].points == [
+        ("loss/flow_matching", 0.5, 100),
+        ("iterations_per_second", 1234.0, 100),
+        ("learning_rate", 1e-4, 100),
+        ("sync_rounds", 2.0, 100),
+    ]
     assert FakeWriter.instances[-1].closed
+    # The configuration went in once as a text table.
+    assert [key for key, _ in FakeWriter.instances[-1].texts] == ["config"]
+    assert "| engine.FlowMatchingTrainingSettings.IterationNum |" in FakeWriter.instances[-1].texts[0][1]
     # The socket sends no TempDirectory: the task folder holds the runs.
     Trackers.for_run(
         replace(config, temp_directory=None),
+        OFF,
+        NAME,
         tmp_path / "Training4",
-        "Socket",
         import_module=importer({"torch.utils.tensorboard": tb}),
     )
     assert FakeWriter.instances[-1].log_dir.startswith(str(tmp_path / "Training4" / "TensorBoard" / "runs"))
 
 
-def test_mlflow_gets_uri_run_name_and_metrics(tmp_path: Path) -> None:
+def test_the_two_phases_log_under_separate_keys() -> None:
+    fm = MetricsPoint(100, "flow_matching", 0.5, 10.0, 1e-3, 0, 1.0).tracker_values()
+    distill = MetricsPoint(200, "distillation", 0.02, 10.0, 1e-3, 0, 2.0).tracker_values()
+    assert "loss/flow_matching" in fm and "loss/distillation" not in fm
+    assert "loss/distillation" in distill and "loss/flow_matching" not in distill
+
+
+def test_mlflow_gets_uri_run_name_metrics_params_and_networks(tmp_path: Path) -> None:
     fake = FakeMlflow()
     config = replace(CONFIG, use_tensorboard=False, mlflow_tracking_uri="http://mlflow:5000")
-    trackers = Trackers.for_run(
-        config, tmp_path / "Training0", "Files", import_module=importer({"mlflow": fake})
-    )
-    trackers.scalars(200, {"loss": 0.25})
+    trackers = Trackers.for_run(config, OFF, NAME, tmp_path, import_module=importer({"mlflow": fake}))
+    trackers.scalars(200, {"loss/flow_matching": 0.25})
+    network = tmp_path / "network_0.bin"
+    network.write_bytes(b"x")
+    trackers.artifacts([network])
     trackers.close()
     assert fake.uri == "http://mlflow:5000"
-    assert fake.run_name == "Training0_FlowMatching_Files_2026-12-02_17-40-123"
-    assert fake.metrics == [({"loss": 0.25}, 200)] and fake.ended
+    assert fake.run_name == NAME
+    assert fake.metrics == [({"loss/flow_matching": 0.25}, 200)] and fake.ended
+    assert fake.params["option.time_distribution"] == OFF.time_distribution
+    assert fake.params["engine.FlowMatchingTrainingSettings.BatchSize"] == str(config.training.batch_size)
+    assert fake.artifacts == [(str(network), "networks")]
+
+
+@pytest.mark.parametrize(
+    ("option", "engine_uri", "expected_uri"),
+    [("http://ours:5000", "", "http://ours:5000"), ("http://ours:5000", "http://theirs", "http://ours:5000")],
+)
+def test_our_options_switch_trackers_on_without_the_engine(
+    tmp_path: Path, option: str, engine_uri: str, expected_uri: str
+) -> None:
+    FakeWriter.instances.clear()
+    fake = FakeMlflow()
+    config = TrainerConfig(time_stamp="x", mlflow_tracking_uri=engine_uri)  # engine: both off
+    options = TrainerOptions(tensorboard=True, mlflow=option)
+    modules = {"torch.utils.tensorboard": SimpleNamespace(SummaryWriter=FakeWriter), "mlflow": fake}
+    trackers = Trackers.for_run(config, options, NAME, tmp_path, import_module=importer(modules))
+    assert trackers.names == ["TensorBoard", "MLflow"]
+    assert fake.uri == expected_uri
+
+
+def test_mlflow_default_leaves_the_uri_to_mlflow(tmp_path: Path) -> None:
+    fake = FakeMlflow()
+    trackers = Trackers.for_run(
+        TrainerConfig(),
+        TrainerOptions(mlflow="default"),
+        NAME,
+        tmp_path,
+        import_module=importer({"mlflow": fake}),
+    )
+    assert trackers.names == ["MLflow"] and fake.uri is None
 
 
 def test_a_failing_tracker_is_dropped_with_one_warning(
@@ -135,22 +190,23 @@ def test_a_failing_tracker_is_dropped_with_one_warning(
     fake = FakeMlflow()
     trackers = Trackers.for_run(
         CONFIG,
+        OFF,
+        NAME,
         tmp_path,
-        "Socket",
         import_module=importer(
             {"torch.utils.tensorboard": SimpleNamespace(SummaryWriter=Broken), "mlflow": fake}
         ),
     )
     for step in (100, 200, 300):
-        trackers.scalars(step, {"loss": 1.0})
+        trackers.scalars(step, {"loss/flow_matching": 1.0})
     assert trackers.names == ["MLflow"]
     assert [step for _, step in fake.metrics] == [100, 200, 300]
-    assert capsys.readouterr().out.count("TensorBoard failed (No space left on device)") == 1
+    assert capsys.readouterr().out.count("TensorBoard failed to log metrics (No space left on device)") == 1
 
 
 def test_nothing_asked_nothing_opened(tmp_path: Path) -> None:
     calls: list[str] = []
     trackers = Trackers.for_run(
-        TrainerConfig(), tmp_path, "Socket", import_module=lambda name: calls.append(name)
+        TrainerConfig(), OFF, NAME, tmp_path, import_module=lambda name: calls.append(name)
     )
     assert trackers.names == [] and calls == []

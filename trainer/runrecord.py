@@ -1,0 +1,399 @@
+"""Every run leaves a record: a run folder with the effective options, the engine's settings, a metrics log
+and the final networks, in plain stdlib formats (JSON, JSON lines) that any tool can read.
+
+Layout (``<task_dir>`` is the run's task folder: the engine's ``<TaskName><N>`` for a spawned run, the
+numbered folder we make for socket and offline runs, the user's folder for attach mode)::
+
+    <task_dir>/la-trainer-status.msgpack          the live status (trainer.progress; la-trainer watch)
+    <task_dir>/Snapshots/                         snapshots and resumable checkpoints
+    <task_dir>/runs/<run name>/options.json       our options as this run used them
+    <task_dir>/runs/<run name>/engine-config.json the engine's config (its own socket-JSON form)
+    <task_dir>/runs/<run name>/metrics.jsonl      one JSON object per line, every TRACK_EVERY iterations
+    <task_dir>/runs/<run name>/run.json           who/where/when, and at the end: phase, exit code,
+                                                  last iteration and loss, the networks written
+    <task_dir>/runs/<run name>/Networks/          network_<id>.bin: the final networks (snapshot bytes)
+
+The run name is the engine's own (spec §7.2, the name of its TensorBoard run):
+``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``, so the record, the TensorBoard run and the MLflow
+run of one training carry the same name. ``runs/`` keeps several records apart where one task folder
+serves several runs (attach mode reuses the folder the user names).
+
+A metrics line::
+
+    {"iteration": 1200, "phase": "flow_matching", "loss": 0.4123, "iterations_per_second": 1850.2,
+     "learning_rate": 0.0001, "sync_rounds": 3, "elapsed_s": 0.65}
+
+``phase`` is ``flow_matching`` or ``distillation`` (the two losses are on different scales and are never
+mixed in one series); ``elapsed_s`` counts from the first training iteration of this process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from protocol.config import TrainerConfig
+from trainer.options import TrainerOptions
+from trainer.transport.atomic import atomic_write
+
+if TYPE_CHECKING:
+    from trainer.trackers import Trackers
+
+__all__ = [
+    "METRICS_FILE",
+    "OPTIONS_FILE",
+    "RUNS_DIR",
+    "RUN_FILE",
+    "MetricsPoint",
+    "RunLog",
+    "RunRecord",
+    "find_run_folders",
+    "new_task_folder",
+    "read_metrics",
+    "run_name",
+    "task_name_of",
+]
+
+RUNS_DIR = "runs"
+OPTIONS_FILE = "options.json"
+ENGINE_CONFIG_FILE = "engine-config.json"
+METRICS_FILE = "metrics.jsonl"
+RUN_FILE = "run.json"
+NETWORKS_DIR = "Networks"
+
+_TASK_ID_LIMIT = 100_000
+"""Give up looking for a free task number after this many (a broken file system must not spin forever)."""
+
+
+def task_name_of(task_dir: Path | None) -> str:
+    """The engine's TaskName from its task folder ``<TaskName><TaskId>`` (spec §1.2: joined without a
+    separator, e.g. ``Training0`` -> ``Training``); ``Training`` (the engine's default) without a folder.
+
+    [INF] A TaskName that itself ends in digits loses them here; only run names are affected."""
+    if task_dir is None:
+        return "Training"
+    return task_dir.name.rstrip("0123456789") or task_dir.name or "Training"
+
+
+def new_task_folder(parent: Path, task_name: str) -> Path:
+    """Create ``<parent>/<TaskName><N>`` for the smallest free N, as the engine numbers its shared-memory
+    task folders (spec §1.2), and return it.
+
+    Like the engine, a number is free when ``<TaskName><N>/Configs`` does not exist, and the ``Configs``
+    folder is created: then the engine, numbering its own runs in the same folder, skips ours, and
+    resume's search for earlier runs of a task (``trainer.checkpoint``) finds socket and offline runs
+    as it finds the engine's.
+    """
+    parent.mkdir(parents=True, exist_ok=True)
+    for task_id in range(_TASK_ID_LIMIT):
+        folder = parent / f"{task_name}{task_id}"
+        configs = folder / "Configs"
+        if configs.exists():
+            continue
+        try:
+            configs.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            continue  # another process took this number between the check and the mkdir
+        return folder
+    raise OSError(f"no free task number below {_TASK_ID_LIMIT} under {parent}")
+
+
+def run_name(task_name: str, trainer_method: str, comm_type: str, time_stamp: str) -> str:
+    """``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>`` (spec §7.2), safe as one path component."""
+    parts = [task_name or "Training", trainer_method or "FlowMatching", comm_type or "Unknown"]
+    if time_stamp:
+        parts.append(time_stamp)
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts))
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsPoint:
+    """One line of ``metrics.jsonl`` (also what the trackers log)."""
+
+    iteration: int
+    phase: str
+    """``flow_matching`` or ``distillation``."""
+    loss: float
+    """Smoothed training loss of the phase (as on the progress line)."""
+    iterations_per_second: float
+    learning_rate: float
+    sync_rounds: int
+    elapsed_s: float
+
+    def tracker_values(self) -> dict[str, float]:
+        """The point as tracker scalars: each phase's loss under its own key."""
+        return {
+            f"loss/{self.phase}": self.loss,
+            "iterations_per_second": self.iterations_per_second,
+            "learning_rate": self.learning_rate,
+            "sync_rounds": float(self.sync_rounds),
+        }
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _iso(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="seconds")
+
+
+class RunRecord:
+    """The record folder of one run. Every write is best effort: a record must never end a run (a full
+    disk stops the record with one warning, training goes on)."""
+
+    def __init__(self, folder: Path, info: dict[str, Any], warn: Any = None) -> None:
+        self.folder = folder
+        self._info = info
+        self._metrics: IO[str] | None = None
+        self._warn = warn
+        self._failed = False
+
+    @classmethod
+    def create(
+        cls,
+        task_dir: Path,
+        name: str,
+        *,
+        options: TrainerOptions,
+        engine_config: Mapping[str, object],
+        info: Mapping[str, object],
+        warn: Any = None,
+    ) -> RunRecord:
+        """Make ``<task_dir>/runs/<name>`` (``<name>_2``, ... when taken) and write the options, the engine's
+        config and the opening ``run.json``."""
+        base = task_dir / RUNS_DIR
+        base.mkdir(parents=True, exist_ok=True)
+        folder = base / name
+        suffix = 2
+        while True:
+            try:
+                folder.mkdir(exist_ok=False)
+                break
+            except FileExistsError:
+                folder = base / f"{name}_{suffix}"
+                suffix += 1
+        record = cls(
+            folder,
+            {
+                "name": folder.name,
+                "task_dir": str(task_dir),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": _iso(time.time()),
+                **info,
+                "ended": None,
+                "phase": "training",
+                "exit_code": None,
+            },
+            warn,
+        )
+        options_json = {f.name: getattr(options, f.name) for f in fields(options)}
+        record._write(OPTIONS_FILE, json.dumps(options_json, indent=2) + "\n")
+        record._write(ENGINE_CONFIG_FILE, json.dumps(engine_config, indent=2) + "\n")
+        record._write(RUN_FILE, json.dumps(record._info, indent=2) + "\n")
+        return record
+
+    def metrics(self, point: MetricsPoint) -> None:
+        """Append one line to ``metrics.jsonl`` (flushed: a killed run keeps every line written)."""
+        if self._failed:
+            return
+        try:
+            if self._metrics is None:
+                self._metrics = (self.folder / METRICS_FILE).open("a", encoding="utf-8")
+            row = {k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in asdict(point).items()}
+            self._metrics.write(json.dumps(row) + "\n")
+            self._metrics.flush()
+        except OSError as error:
+            self._give_up(error)
+
+    def networks(self, blobs: Mapping[int, bytes]) -> list[Path]:
+        """The final networks as ``Networks/network_<id>.bin`` (the engine's export naming)."""
+        paths = []
+        for network_id, data in sorted(blobs.items()):
+            path = self.folder / NETWORKS_DIR / f"network_{network_id}.bin"
+            if self._write_bytes(path, data):
+                paths.append(path)
+        return paths
+
+    def finish(
+        self, *, phase: str, exit_code: int, iteration: int, loss: float, outputs: Iterable[Path] = ()
+    ) -> None:
+        """Close the metrics log and complete ``run.json`` with how the run ended."""
+        if self._metrics is not None:
+            try:
+                self._metrics.close()
+            except OSError:
+                pass
+            self._metrics = None
+        self._info.update(
+            ended=_iso(time.time()),
+            phase=phase,
+            exit_code=int(exit_code),
+            iteration=iteration,
+            loss=_finite_or_none(loss),
+            outputs=[str(p) for p in outputs],
+        )
+        self._write(RUN_FILE, json.dumps(self._info, indent=2) + "\n")
+
+    def _write(self, name: str, text: str) -> None:
+        self._write_bytes(self.folder / name, text.encode("utf-8"))
+
+    def _write_bytes(self, path: Path, data: bytes) -> bool:
+        if self._failed:
+            return False
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, data, durable=False)
+            return True
+        except OSError as error:
+            self._give_up(error)
+            return False
+
+    def _give_up(self, error: OSError) -> None:
+        self._failed = True
+        if self._warn is not None:
+            self._warn(f"warning: the run record in {self.folder} stopped: {error}; training goes on.")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The points of a ``metrics.jsonl`` (a run folder or the file itself); a torn last line (a killed
+    run) is skipped.
+
+    Raises:
+        FileNotFoundError: no metrics log there.
+    """
+    file = path / METRICS_FILE if path.is_dir() else path
+    points = []
+    with file.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                point = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(point, dict) and isinstance(point.get("iteration"), int):
+                points.append(point)
+    return points
+
+
+def find_run_folders(path: Path) -> list[Path]:
+    """Run folders (those holding ``run.json``) at or below ``path``, newest first (by ``run.json``'s
+    modification time). ``path`` may be a run folder, a task folder, the engine's ``LearningCore`` folder
+    or the project's ``Intermediate`` folder (only ``runs/`` folders are searched below it, so a large
+    tree such as the engine's ``PipInstall`` is not walked)."""
+    if (path / RUN_FILE).is_file():
+        return [path]
+    patterns = (f"{RUNS_DIR}/*/{RUN_FILE}", f"*/{RUNS_DIR}/*/{RUN_FILE}", f"*/*/{RUNS_DIR}/*/{RUN_FILE}")
+    files = {file for pattern in patterns for file in path.glob(pattern) if file.is_file()}
+    return [file.parent for file in sorted(files, key=lambda f: f.stat().st_mtime, reverse=True)]
+
+
+class RunLog:
+    """What a run leaves behind besides its networks, for the training story: the run record
+    (:class:`RunRecord`, unless the ``run_record`` option is off) and the trackers
+    (:class:`trainer.trackers.Trackers`), fed the same :class:`MetricsPoint` every ``TRACK_EVERY``
+    iterations. Created empty before the config arrives; :meth:`open` once the run's name is known."""
+
+    def __init__(self) -> None:
+        self.record: RunRecord | None = None
+        self.trackers: Trackers | None = None
+        self.name = ""
+        self._clock = time.perf_counter()
+        self._started = self._clock
+        self._last_iteration = 0
+        self._last_point: MetricsPoint | None = None
+        self._closed = False
+
+    @property
+    def folder(self) -> Path | None:
+        return self.record.folder if self.record is not None else None
+
+    def open(
+        self,
+        *,
+        task_dir: Path | None,
+        name: str,
+        options: TrainerOptions,
+        config: TrainerConfig,
+        engine_config: Mapping[str, object],
+        info: Mapping[str, object],
+        first_iteration: int,
+    ) -> None:
+        from trainer.progress import log
+        from trainer.trackers import Trackers
+
+        self.name = name
+        if task_dir is not None and options.run_record:
+            try:
+                self.record = RunRecord.create(
+                    task_dir, name, options=options, engine_config=engine_config, info=info, warn=log
+                )
+                log(f"la-trainer: run record in {self.record.folder}")
+            except OSError as error:
+                log(f"warning: cannot create the run record under {task_dir} ({error}); training without it.")
+        self.trackers = Trackers.for_run(config, options, name, task_dir)
+        self._clock = self._started = time.perf_counter()
+        self._last_iteration = first_iteration
+
+    def point(self, iteration: int, phase: str, loss: float, learning_rate: float, sync_rounds: int) -> None:
+        """One metrics point at ``iteration``; it/s over the iterations since the previous point."""
+        now = time.perf_counter()
+        elapsed = now - self._clock
+        rate = (iteration - self._last_iteration) / elapsed if elapsed > 0 else 0.0
+        self._clock, self._last_iteration = now, iteration
+        point = MetricsPoint(
+            iteration=iteration,
+            phase=phase,
+            loss=float(loss),
+            iterations_per_second=rate,
+            learning_rate=float(learning_rate),
+            sync_rounds=sync_rounds,
+            elapsed_s=now - self._started,
+        )
+        self._last_point = point
+        if self.record is not None:
+            self.record.metrics(point)
+        if self.trackers is not None:
+            self.trackers.scalars(iteration, point.tracker_values())
+
+    def networks(self, blobs: Mapping[int, bytes]) -> list[Path]:
+        """Keep the final networks in the record (and hand them to the trackers as artefacts)."""
+        paths = self.record.networks(blobs) if self.record is not None else []
+        if self.trackers is not None:
+            self.trackers.artifacts(paths)
+        return paths
+
+    def finish(
+        self, *, phase: str, exit_code: int, iteration: int, loss: float, outputs: Iterable[Path] = ()
+    ) -> None:
+        """Complete run.json and close the trackers (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.record is not None:
+            self.record.finish(
+                phase=phase, exit_code=exit_code, iteration=iteration, loss=loss, outputs=outputs
+            )
+        if self.trackers is not None:
+            self.trackers.close()
+
+    def abort(self, error: BaseException) -> None:
+        """The run ends with ``error``: record it as failed with its documented exit code."""
+        from trainer.errors import exit_code_for
+
+        last = self._last_point
+        self.finish(
+            phase="failed",
+            exit_code=int(exit_code_for(error)),
+            iteration=last.iteration if last is not None else self._last_iteration,
+            loss=last.loss if last is not None else math.nan,
+        )
