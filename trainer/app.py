@@ -230,9 +230,8 @@ def open_link_for_launch(
 ) -> TrainerLink:
     """The trainer link that the engine's launch arguments describe.
 
-    ``engine_spawned``: the engine started this process (the drop-in ``train.py``), so it is watched
-    (:mod:`trainer.transport.liveness`) and waits on it have no bound; otherwise (``la-trainer shm`` and
-    ``socket``, attach mode) waits the game's liveness cannot be seen by are bounded by ``Timeouts.wait``.
+    ``engine_spawned``: the engine started this process (``scripts/train.py``), so a change of parent
+    means the game died; socket mode then watches it too (shared memory always does without ``-c``).
     """
     mode = args.mode
     if isinstance(mode, SharedMemoryArgs):
@@ -256,19 +255,17 @@ def open_link_for_launch(
             controls_guid=mode.controls_guid,
             create=mode.create_mem,
             timeouts=timeouts,
-            watch_parent=engine_spawned and not mode.create_mem,
             interrupted=interrupt.is_set if interrupt is not None else None,
         )
     if isinstance(mode, SocketArgs):
-        from trainer.links import SocketTrainerLink
-        from trainer.transport.liveness import parent_watch
+        from trainer.links import SocketTrainerLink, parent_watch
 
         return SocketTrainerLink(
             host=mode.host,
             port=mode.port,
             timeouts=timeouts,
-            # The engine process shows that a game is there before it connects (EOF tells us only once a
-            # connection exists), so even the wait for the connection needs no bound.
+            # Without it a game killed before it connected would leave us waiting the whole connect
+            # timeout (EOF tells us only once a connection exists).
             peer_alive=parent_watch() if engine_spawned else None,
             interrupted=interrupt.is_set if interrupt is not None else None,
         )
