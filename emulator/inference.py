@@ -11,6 +11,12 @@ For each agent the engine computes::
 Time convention: **t = 0 noise, t = 1 data**. Every layer is evaluated with the reference evaluator
 (:func:`protocol.nne.reference.evaluate`), which follows the engine's operator definitions, so a policy
 scored here is scored as the game would run it. Arithmetic is float32 throughout, as in the engine.
+
+With ``ActionChunkSize`` C > 1 the decoder's output is a chunk in the engine's leaf-major layout
+(:mod:`protocol.engine.chunks`); given the action schema's :class:`~protocol.engine.chunks.ChunkLayout`,
+:meth:`EnginePolicy.act_steps` reads it back into C per-step action vectors, and the bound policy the
+tasks play returns those step-major. (The engine's own inference does not yet write a chunk back into
+per-step actions, spec §11 item 5; the game side here plays the steps in order.)
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from protocol.engine.chunks import ChunkLayout
 from protocol.nne.layers import Layer
 from protocol.nne.reference import evaluate
 from protocol.snapshot import read_snapshot
@@ -38,11 +45,18 @@ class EnginePolicy:
     """Encoder -> ``ode_steps`` Euler steps of the denoiser from N(0, I) -> decoder.
 
     Shapes: observations ``(B, ObsVectorSize)``; the ODE state ``(B, ActDim)``; actions
-    ``(B, decoder output)`` (= ActDim for the engine's decoders). All float32.
+    ``(B, decoder output)`` (= ActDim for the engine's decoders). All float32. ``chunk_layout``: where
+    each step of a chunk sits in the decoder's output (None: step-major, which is the engine's layout for
+    C = 1 and for a one-leaf action schema).
     """
 
     def __init__(
-        self, encoder: Layer, denoiser: Layer, decoder: Layer, ode_steps: int = DEFAULT_ODE_STEPS
+        self,
+        encoder: Layer,
+        denoiser: Layer,
+        decoder: Layer,
+        ode_steps: int = DEFAULT_ODE_STEPS,
+        chunk_layout: ChunkLayout | None = None,
     ) -> None:
         if not isinstance(ode_steps, int) or not 1 <= ode_steps <= MAX_ODE_STEPS:
             raise ValueError(f"ode_steps must be an integer in 1..{MAX_ODE_STEPS}, got {ode_steps!r}")
@@ -57,10 +71,15 @@ class EnginePolicy:
             raise ValueError(
                 f"the denoiser writes {denoiser.output_size} floats but the decoder reads {act_dim}"
             )
+        if chunk_layout is not None and chunk_layout.width != decoder.output_size:
+            raise ValueError(
+                f"the chunk layout is {chunk_layout.width} wide but the decoder writes {decoder.output_size}"
+            )
         self.encoder = encoder
         self.denoiser = denoiser
         self.decoder = decoder
         self.ode_steps = ode_steps
+        self.chunk_layout = chunk_layout
 
     @classmethod
     def from_snapshots(
@@ -69,6 +88,7 @@ class EnginePolicy:
         denoiser: bytes | bytearray | memoryview,
         decoder: bytes | bytearray | memoryview,
         ode_steps: int = DEFAULT_ODE_STEPS,
+        chunk_layout: ChunkLayout | None = None,
     ) -> EnginePolicy:
         """From snapshot bytes, in constructor order (encoder, denoiser, decoder): note that this is *not*
         the network id order (0 denoiser, 1 encoder, 2 decoder)."""
@@ -77,6 +97,7 @@ class EnginePolicy:
             read_snapshot(denoiser).model,
             read_snapshot(decoder).model,
             ode_steps,
+            chunk_layout,
         )
 
     @property
@@ -116,10 +137,21 @@ class EnginePolicy:
         x0 = rng.standard_normal((observations.shape[0], self.act_dim), dtype=np.float32)
         return self.with_x0(observations, x0)
 
+    def act_steps(self, obs: npt.ArrayLike, rng: np.random.Generator) -> FloatArray:
+        """:meth:`act` read back into per-step actions ``(B, C, ActionVectorSize)``, step 0 first, through
+        the policy's ``chunk_layout`` (required: without it the steps cannot be told apart)."""
+        if self.chunk_layout is None:
+            raise ValueError("act_steps needs the policy's chunk_layout (ChunkLayout.from_schema)")
+        return self.chunk_layout.to_steps(self.act(obs, rng))
+
     def bind(self, rng: np.random.Generator) -> Callable[[FloatArray], FloatArray]:
-        """``obs -> actions`` with ``rng`` captured: the policy callable the benchmark tasks take."""
+        """``obs -> actions`` with ``rng`` captured: the policy callable the benchmark tasks take. A chunk
+        comes back step-major, ``(B, C·ActionVectorSize)`` = ``[a_0 ‖ a_1 ‖ …]``."""
 
         def policy(obs: FloatArray) -> FloatArray:
-            return self.act(obs, rng)
+            if self.chunk_layout is None:
+                return self.act(obs, rng)
+            steps = self.act_steps(obs, rng)
+            return steps.reshape(steps.shape[0], -1)
 
         return policy

@@ -10,7 +10,9 @@ O     observation vector width (the observation schema's VectorSize)
 L     latent width: the encoder's output (the observation schema's EncodedSize)
 Av    per-step action width (ActionVectorSize, the replay buffer's action columns, spec §4.2)
 C     ActionChunkSize (spec §4.3)
-A     denoiser action width, ``A = C·Av`` (spec §5.4, §6.3); step-major: ``[a_t ‖ a_t+1 ‖ …]``
+A     denoiser action width, ``A = C·Av`` (spec §5.4, §6.3). :class:`TrainingData` keeps a chunk
+      step-major, ``[a_t ‖ a_t+1 ‖ …]``, as the replay buffer gives it; the flow's data points ``x1``
+      (:class:`TensorData`) are in the decoder's layout, leaf-major (:mod:`protocol.engine.chunks`)
 ====  ==========================================================================================
 
 The boundary from the protocol's replay buffer to training data is :meth:`TrainingData.from_replay`,
@@ -43,6 +45,7 @@ __all__ = [
     "build_action_chunks",
     "decoder_inputs",
     "leaf_statistics",
+    "observation_noise_std",
 ]
 
 Floats = npt.NDArray[np.float32]
@@ -251,6 +254,37 @@ def _pooled_statistics(
     return centre, np.where(s < MIN_STD, 1.0, s)
 
 
+def observation_noise_std(
+    values: npt.NDArray[np.floating], schema: SchemaNode, stats: LeafStatistics
+) -> Doubles:
+    """Per-column scale (O,) of the training-time observation noise (``ObservationNoiseScale``): the
+    standard deviation that one unit of noise has in each observation column, in raw units.
+
+    [INF] The engine applies the noise to the normalised observations (spec §4.1), so one unit is one
+    standard deviation of the feature: the leaf's own statistics for an ``Auto*`` leaf, the
+    per-dimension data std for a ``Manual`` Continuous leaf (its values are normalised by the user, so
+    the data still says what a unit is; std < :data:`MIN_STD` → 1). Discrete, mask and every other
+    non-Continuous column gets 0: flipping a one-hot by Gaussian noise makes an input the game never
+    produces.
+    """
+    if values.ndim != 2 or values.shape[1] != schema.vector_size:
+        raise BadData(
+            f"the data has shape {values.shape} but the observation schema's VectorSize is "
+            f"{schema.vector_size}"
+        )
+    scale = np.zeros(schema.vector_size, dtype=np.float64)
+    for leaf in leaves(schema):
+        if leaf.node.type != "Continuous":
+            continue
+        columns = slice(leaf.offset, leaf.offset + leaf.size)
+        if leaf.node.normalization in AUTO_NORMALIZATIONS:
+            scale[columns] = stats.std[columns]
+        else:
+            s = values[:, columns].astype(np.float64).std(axis=0)
+            scale[columns] = np.where(s < MIN_STD, 1.0, s)
+    return scale
+
+
 # --------------------------------------------------------------------------------------------------
 # Tensors
 
@@ -290,10 +324,14 @@ class TensorData:
         decoder_scale: npt.ArrayLike,
         decoder_shift: npt.ArrayLike,
         device: torch.device | str,
+        order: npt.ArrayLike | None = None,
     ) -> TensorData:
-        """Move ``data`` to ``device`` with ``x1 = decoder_inputs(targets, scale, shift)``, so that the
-        engine's decoder turns a perfectly sampled ``x1`` back into the demonstrated action chunk."""
-        x1 = decoder_inputs(data.targets, decoder_scale, decoder_shift)
+        """Move ``data`` to ``device`` with ``x1 = decoder_inputs(targets[:, order], scale, shift)``, so
+        that the engine's decoder turns a perfectly sampled ``x1`` back into the demonstrated action
+        chunk. ``order`` (A,): the decoder's chunk layout (:attr:`protocol.engine.chunks.ChunkLayout.
+        source`); None: step-major (the engine's layout for C = 1 or a one-leaf action schema)."""
+        targets = data.targets if order is None else data.targets[:, np.asarray(order, dtype=np.int64)]
+        x1 = decoder_inputs(targets, decoder_scale, decoder_shift)
         return cls(
             obs=torch.from_numpy(data.observations).to(device),
             x1=torch.from_numpy(x1).to(device),

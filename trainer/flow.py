@@ -11,6 +11,19 @@ Time convention (written once, here; every other module follows it):
   t = k·dt, input [encoded obs ‖ x ‖ t]). The convention is not a free choice: the engine's sampler
   fixes it, so a network trained the other way round would be integrated backwards.
 
+With ``NormalizeLatents`` the source is a Gaussian fitted to the data instead of N(0, I) (the engine's
+header: "we sample from a gaussian fitted to the latent distribution instead of N(0, 1)"), while the
+engine's sampler still starts from N(0, I) and integrates the network's output as it is. Both hold at
+once in the engine's coordinates (:func:`interpolate_fitted`): with the fitted source
+``x0 = μ + σ·z`` and its linear path ``x_t = (1 − t)·x0 + t·x1``, the network is trained on
+``x̃ = (x − (1 − t)·μ)/((1 − t)·σ + t)``, which is ``z ~ N(0, I)`` at ``t = 0`` and ``x1`` at ``t = 1``.
+Written out, ``x̃_t = ((1 − t)·σ·z + t·x1)/s`` with ``s = (1 − t)·σ + t``: the mean μ drops out, and per
+dimension this is the plain linear path under the time change ``τ(t) = t/s`` (``1 − τ = (1 − t)σ/s``),
+so its velocity is ``dx̃/dt = τ'(t)·(x1 − z) = σ·(x1 − z)/s²``. The continuous flow the engine
+integrates from N(0, I) is then exactly the fitted-Gaussian flow seen through that affine map, which is
+the identity at ``t = 1``; only the Euler grid's placement along the path differs (σ < 1: larger
+steps near the noise, smaller near the data).
+
 Shapes: ``B`` batch, ``A`` denoiser action width (see :mod:`trainer.data`); ``t`` is ``(B, 1)`` so
 that it broadcasts over the action dims and concatenates as the denoiser's last input column.
 """
@@ -35,6 +48,7 @@ __all__ = [
     "euler_integrate",
     "flow_matching_loss",
     "interpolate",
+    "interpolate_fitted",
 ]
 
 TimeKind: TypeAlias = Literal["uniform", "beta", "logit_normal", "power"]
@@ -186,6 +200,27 @@ def interpolate(x0: Tensor, x1: Tensor, t: Tensor) -> PathSample:
     # x0 + t·(x1 − x0) is the same line with one fewer multiply, and reuses the target.
     target = x1 - x0
     return PathSample(x_t=torch.addcmul(x0, t, target), target=target)
+
+
+def interpolate_fitted(x0: Tensor, x1: Tensor, t: Tensor, source_std: Tensor) -> PathSample:
+    """The fitted-source path in the engine's coordinates (module docstring, ``NormalizeLatents``):
+    ``a = (1 − t)·σ``, ``s = a + t``, ``x_t = (a·x0 + t·x1)/s``, ``target = (x1 − x0)·σ/(s·s)``.
+
+    ``x0`` (the engine's N(0, I) draw, ``z``) and ``x1`` are ``(B, A)``, ``t`` is ``(B, 1)``,
+    ``source_std`` is σ ``(A,)`` (> 0). σ = 1 gives :func:`interpolate`'s path and target (up to
+    rounding). The operation order is the one :class:`trainer.steps.fused.FusedStep` repeats.
+    """
+    if x0.shape != x1.shape or x0.dim() != 2:
+        raise ValueError(f"x0 and x1 must both be (B, A); got {tuple(x0.shape)} and {tuple(x1.shape)}")
+    if t.shape != (x0.shape[0], 1):
+        raise ValueError(f"t must be (B, 1) = ({x0.shape[0]}, 1); got {tuple(t.shape)}")
+    if source_std.shape != (x0.shape[1],):
+        raise ValueError(f"source_std must be ({x0.shape[1]},); got {tuple(source_std.shape)}")
+    a = (1.0 - t) * source_std
+    s = a + t
+    x_t = torch.addcmul(a * x0, t, x1) / s
+    target = (x1 - x0) * source_std / (s * s)
+    return PathSample(x_t=x_t, target=target)
 
 
 Vector = TypeVar("Vector", Tensor, npt.NDArray[np.float32])

@@ -117,7 +117,7 @@ class TrainingJob:
         placement = model.placement
         log(
             f"la-trainer: normalisation: observations in the {placement.observations}, actions in the "
-            f"{placement.actions}; latents standardised: {placement.latents_standardized}; "
+            f"{placement.actions}; source fitted to the data (NormalizeLatents): {placement.fitted_source}; "
             f"encoder trained: {placement.encoder_trained}"
         )
         for note in placement.notes:

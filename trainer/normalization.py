@@ -5,14 +5,16 @@ decoder's leaf Denormalize layers are the slots for it, and the denoiser's first
 Denormalize can absorb any affine map exactly (spec §6.3, §10 items 1–2, 5). This module:
 
 * writes observation statistics into the encoder leaves and action statistics into the decoder leaves
-  (``EmbedNormalizationsInWeights = true``): :func:`write_encoder_normalization`,
-  :func:`write_decoder_denormalization`;
+  (``EmbedNormalizationsInWeights = true``, and for training in either mode):
+  :func:`write_encoder_normalization`, :func:`write_decoder_denormalization`;
+* moves the observation statistics back out of a trained encoder into the layers after its leaves
+  (``EmbedNormalizationsInWeights = false``): :func:`move_encoder_normalization_out`;
 * reads the element-wise affine map a decoder implements: :func:`elementwise_affine`;
 * folds affine maps into the denoiser: :func:`fold_input_affine`, :func:`set_output_denormalize`.
 
 Every function returns new layer values (layers are frozen); the input is never modified. A network
 whose tree does not have the shape the engine builds raises :class:`LayoutMismatch`, and the caller
-falls back to folding the statistics into the denoiser instead.
+falls back to folding the statistics into the denoiser instead (with a log note).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ __all__ = [
     "elementwise_affine",
     "fold_input_affine",
     "has_auto_normalization",
+    "move_encoder_normalization_in",
+    "move_encoder_normalization_out",
     "output_denormalize",
     "require_elementwise_affine",
     "set_output_denormalize",
@@ -97,13 +101,11 @@ def write_decoder_denormalization(
     """The decoder with per-step action statistics ``mean``/``std`` (Av,) written into its leaf
     Denormalize layers as ``mean' = μ``, ``std' = σ``, mapping normalised actions back to raw units.
 
-    The decoder reads a whole chunk, ``C·Av`` values (spec §5.4). With ``chunk_size > 1`` the layouts
-    accepted are: ``Array(C, Av, Av, per-step decoder)``; a Concat of C per-step decoders; a Concat of
-    the action root's top-level elements repeated C times; or a single Denormalize(C·Av) for a
-    Continuous root. [INF] spec Unknowns 6: the engine's chunked decoder layout is not documented, so
-    every plausible one is recognised and anything else raises :class:`LayoutMismatch`.
-    Per-step tree: And/Or ↔ Concat, Array ↔ Array, Encoding adds no layer, Continuous ↔ Denormalize
-    (spec §10 item 2).
+    The decoder reads a whole chunk, ``C·Av`` values, in the layout the engine builds (spec §11 item 5,
+    :mod:`protocol.engine.chunks`): each leaf a ``Denormalize(Num·C)`` holding C steps of that leaf, so
+    its statistics are the leaf's per-step ones repeated C times. Tree: And/Or ↔ Concat (widths ·C),
+    Array ↔ Array (element built with C), Encoding adds no layer, Continuous ↔ Denormalize(Num·C) (a root
+    Continuous IS the Denormalize, spec §10 item 2). Any other tree raises :class:`LayoutMismatch`.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
@@ -114,43 +116,119 @@ def write_decoder_denormalization(
             f"the decoder reads {decoder.input_size} values but ActionChunkSize·ActionVectorSize is "
             f"{chunk_size}·{width}"
         )
-    if chunk_size == 1:
-        return _write(decoder, action_schema, 0, m, s, "action", "Decoder")
-    if (
-        isinstance(decoder, Array)
-        and decoder.element_num == chunk_size
-        and decoder.element_input_size == width
-    ):
-        return dataclasses.replace(
-            decoder, layer=_write(decoder.layer, action_schema, 0, m, s, "action", "Decoder.Step")
+    return _write(decoder, action_schema, 0, m, s, "action", "Decoder", chunk_size)
+
+
+def move_encoder_normalization_out(trained: Layer, received: Layer) -> tuple[Layer, ElementwiseAffine]:
+    """The encoder ``trained`` (trained with observation statistics in its leaves, see
+    :func:`write_encoder_normalization`) with every leaf Denormalize put back to its ``received`` value,
+    and the statistics moved into the layers after them, so that the function is unchanged:
+
+    * a leaf under an Encoding: into the first Linear of the Encoding's MLP (exact:
+      ``W' = diag(scale)·W``, ``b' = b + shift·W``);
+    * a leaf that feeds the encoder's output directly: returned as the element-wise map ``affine`` with
+      ``trained(x) == moved(x)·affine.scale + affine.shift``, for the caller to fold into the denoiser's
+      first Linear.
+
+    ``EmbedNormalizationsInWeights = false`` keeps the engine's normalisation slots as received
+    (spec §10 item 5: embedding is what the flag turns on) while every weight is still trained with
+    standardised inputs. ``trained`` and ``received`` must be the same tree (the written copy of it);
+    raises :class:`LayoutMismatch` where the statistics cannot move (a received leaf with std 0, a leaf
+    followed by something other than a Linear).
+    """
+    return _move(trained, received, "Encoder", outward=True)
+
+
+def move_encoder_normalization_in(written: Layer, received: Layer) -> tuple[Layer, ElementwiseAffine]:
+    """The inverse of :func:`move_encoder_normalization_out`: ``written`` (the received encoder with the
+    statistics written into its leaves) with the first Linear after each leaf un-folded, so that an
+    Encoding computes exactly what it computed in ``received``. For an encoder that an earlier export of
+    ours (Embed false) sent with the statistics already moved into its Encoding MLPs. Returns the
+    encoder and the same ``affine`` as :func:`move_encoder_normalization_out` for the leaves that feed
+    the output directly (``written(x) == received(x)·affine.scale + affine.shift`` there)."""
+    return _move(written, received, "Encoder", outward=False)
+
+
+def _identity(width: int) -> ElementwiseAffine:
+    return ElementwiseAffine(np.ones(width), np.zeros(width))
+
+
+def _is_identity_affine(affine: ElementwiseAffine) -> bool:
+    return bool(np.all(affine.scale == 1.0) and np.all(affine.shift == 0.0))
+
+
+def _move(trained: Layer, received: Layer, path: str, *, outward: bool) -> tuple[Layer, ElementwiseAffine]:
+    """(layer, affine) with ``affine`` mapping the received leaves' outputs to the trained ones
+    (``trained = received·scale + shift``) on what the subtree hands on. ``outward``: the layer has the
+    received leaves and the next Linear absorbs ``affine``; else the trained leaves and the next Linear
+    absorbs its inverse."""
+    if type(trained) is not type(received) or trained.input_size != received.input_size:
+        raise LayoutMismatch(f"{path}: the trained and received encoders differ in structure")
+    if isinstance(trained, Denormalize):
+        assert isinstance(received, Denormalize)
+        a_t, b_t = trained.std.astype(np.float64), trained.mean.astype(np.float64)
+        a_r, b_r = received.std.astype(np.float64), received.mean.astype(np.float64)
+        leaf = received if outward else trained
+        if np.array_equal(a_t, a_r) and np.array_equal(b_t, b_r):
+            return leaf, _identity(received.size)
+        if (a_r == 0).any():
+            raise LayoutMismatch(f"{path}: a received Denormalize has std 0; its statistics cannot move")
+        # trained(x) = x·a_t + b_t = (x·a_r + b_r)·(a_t/a_r) + (b_t − b_r·a_t/a_r)
+        scale = a_t / a_r
+        return leaf, ElementwiseAffine(scale, b_t - b_r * scale)
+    if isinstance(trained, Concat):
+        assert isinstance(received, Concat)
+        parts = [
+            _move(t, r, f"{path}[{i}]", outward=outward)
+            for i, (t, r) in enumerate(zip(trained.layers, received.layers, strict=True))
+        ]
+        return dataclasses.replace(trained, layers=tuple(layer for layer, _ in parts)), ElementwiseAffine(
+            np.concatenate([a.scale for _, a in parts] or [np.zeros(0)]),
+            np.concatenate([a.shift for _, a in parts] or [np.zeros(0)]),
         )
-    if isinstance(decoder, Concat):
-        if len(decoder.layers) == chunk_size and all(w == width for w in decoder.input_sizes):
-            try:
-                steps = tuple(
-                    _write(sub, action_schema, 0, m, s, "action", f"Decoder.Step[{k}]")
-                    for k, sub in enumerate(decoder.layers)
-                )
-                return dataclasses.replace(decoder, layers=steps)
-            except LayoutMismatch:
-                pass  # e.g. a one-element And: the children may be its elements instead (next layout)
-        top = [child for _, child in action_schema.elements] if action_schema.type == "And" else []
-        if top and len(decoder.layers) == chunk_size * len(top):
-            written = []
-            for i, sub in enumerate(decoder.layers):
-                k, j = divmod(i, len(top))
-                offset = sum(child.vector_size for child in top[:j])
-                written.append(_write(sub, top[j], offset, m, s, "action", f"Decoder.Step[{k}][{j}]"))
-            return dataclasses.replace(decoder, layers=tuple(written))
-    if isinstance(decoder, Denormalize) and action_schema.type == "Continuous":
-        if action_schema.normalization not in AUTO_NORMALIZATIONS:
-            return decoder
-        return _denormalize(decoder, np.tile(m, chunk_size), np.tile(s, chunk_size))
-    if not has_auto_normalization(action_schema):
-        return decoder
+    if isinstance(trained, Array):
+        assert isinstance(received, Array)
+        sub, inner = _move(trained.layer, received.layer, f"{path}.Element", outward=outward)
+        return dataclasses.replace(trained, layer=sub), ElementwiseAffine(
+            np.tile(inner.scale, trained.element_num), np.tile(inner.shift, trained.element_num)
+        )
+    if isinstance(trained, Sequence):
+        assert isinstance(received, Sequence)
+        # Only a Sequence's first child holds leaves (the engine's Encoding: Sequence[element, MLP]);
+        # whatever it hands on is absorbed by the layers after it.
+        first, affine = _move(trained.layers[0], received.layers[0], f"{path}[0]", outward=outward)
+        if len(trained.layers) == 1:
+            return dataclasses.replace(trained, layers=(first,)), affine
+        if not outward and not _is_identity_affine(affine):
+            affine = ElementwiseAffine(1.0 / affine.scale, -affine.shift / affine.scale)
+        rest = []
+        for i, layer in enumerate(trained.layers[1:], start=1):
+            absorbed, affine = _absorb(layer, affine, f"{path}[{i}]")
+            rest.append(absorbed)
+        return dataclasses.replace(trained, layers=(first, *rest)), affine
+    return trained, _identity(trained.output_size)  # no leaves inside: trained weights as they are
+
+
+def _absorb(layer: Layer, affine: ElementwiseAffine, path: str) -> tuple[Layer, ElementwiseAffine]:
+    """``layer'`` with ``layer'(y) == layer(y·scale + shift)`` and the affine map left on its output."""
+    if _is_identity_affine(affine):
+        return layer, _identity(layer.output_size)
+    if isinstance(layer, Linear):
+        w = layer.weights.astype(np.float64)
+        moved = dataclasses.replace(
+            layer,
+            weights=(affine.scale[:, None] * w).astype(np.float32),
+            bias=(layer.bias.astype(np.float64) + affine.shift @ w).astype(np.float32),
+        )
+        return moved, _identity(layer.output_size)
+    if isinstance(layer, Sequence):
+        children = []
+        for i, child in enumerate(layer.layers):
+            absorbed, affine = _absorb(child, affine, f"{path}[{i}]")
+            children.append(absorbed)
+        return dataclasses.replace(layer, layers=tuple(children)), affine
     raise LayoutMismatch(
-        f"the decoder's root is a {_type_name(decoder)} that does not match a chunk of {chunk_size} "
-        f"actions of the action schema ({action_schema.type}, VectorSize {width})"
+        f"{path}: a {_type_name(layer)} follows normalised leaves; only a Linear can take their statistics"
     )
 
 
@@ -165,40 +243,55 @@ def _stats(mean: npt.ArrayLike, std: npt.ArrayLike, width: int, role: str) -> tu
 
 
 def _write(
-    layer: Layer, node: SchemaNode, offset: int, mean: Doubles, std: Doubles, role: str, path: str
+    layer: Layer,
+    node: SchemaNode,
+    offset: int,
+    mean: Doubles,
+    std: Doubles,
+    role: str,
+    path: str,
+    chunk: int = 1,
 ) -> Layer:
-    """``layer`` (the network for ``node``'s slice ``[offset, offset + VectorSize)``) with the Auto leaves
-    inside written from ``mean``/``std`` (values already in Denormalize form)."""
+    """``layer`` (the network for ``node``'s slice ``[offset, offset + VectorSize)`` of a per-step vector,
+    reading ``chunk`` steps of it leaf-major) with the Auto leaves inside written from ``mean``/``std``
+    (per-step values, already in Denormalize form)."""
     if not has_auto_normalization(node):
-        if layer.input_size != node.vector_size:
+        if layer.input_size != node.vector_size * chunk:
             raise LayoutMismatch(
                 f"{path} is a {_type_name(layer)} reading {layer.input_size} values but the schema node "
                 f"({node.type}) has VectorSize {node.vector_size}"
+                + (f" x {chunk} steps" if chunk > 1 else "")
             )
         return layer  # nothing to write here: keep the layers as received
     t = node.type
     if t == "Continuous":
-        if not isinstance(layer, Denormalize) or layer.size != node.vector_size:
-            raise _mismatch(path, layer, f"Denormalize({node.vector_size})", node)
+        size = node.vector_size * chunk
+        if not isinstance(layer, Denormalize) or layer.size != size:
+            raise _mismatch(path, layer, f"Denormalize({size})", node)
         end = offset + node.vector_size
-        return _denormalize(layer, mean[offset:end], std[offset:end])
+        # C steps of this leaf, step-major inside the leaf (protocol.engine.chunks [INF]).
+        return _denormalize(layer, np.tile(mean[offset:end], chunk), np.tile(std[offset:end], chunk))
     if t == "And" or (role == "action" and t in ("OrExclusive", "OrInclusive")):
         # Or action vectors are assumed to be the plain concatenation (decoder Or → Concat, §10 item 2);
         # when they are not, the Concat widths below disagree and the caller falls back to folding.
         children = [child for _, child in node.elements]
-        widths = tuple(child.vector_size for child in children)
+        widths = tuple(child.vector_size * chunk for child in children)
         if not isinstance(layer, Concat) or layer.input_sizes != widths:
             raise _mismatch(path, layer, f"Concat with input sizes {widths}", node)
         written = []
         for (name, child), sub in zip(node.elements, layer.layers, strict=True):
-            written.append(_write(sub, child, offset, mean, std, role, f"{path}.{name}"))
+            written.append(_write(sub, child, offset, mean, std, role, f"{path}.{name}", chunk))
             offset += child.vector_size
         return dataclasses.replace(layer, layers=tuple(written))
     if t == "Array" and node.element is not None and node.num is not None:
         element = node.element
         size = element.vector_size
-        if not isinstance(layer, Array) or layer.element_num != node.num or layer.element_input_size != size:
-            raise _mismatch(path, layer, f"Array({node.num}, {size}, …)", node)
+        if (
+            not isinstance(layer, Array)
+            or layer.element_num != node.num
+            or layer.element_input_size != size * chunk
+        ):
+            raise _mismatch(path, layer, f"Array({node.num}, {size * chunk}, …)", node)
         first = slice(offset, offset + size)
         for k in range(1, node.num):
             other = slice(offset + k * size, offset + (k + 1) * size)
@@ -208,12 +301,12 @@ def _write(
                     "one sub-layer between all elements (pool them, see trainer.data.leaf_statistics)"
                 )
         return dataclasses.replace(
-            layer, layer=_write(layer.layer, element, offset, mean, std, role, f"{path}.Element")
+            layer, layer=_write(layer.layer, element, offset, mean, std, role, f"{path}.Element", chunk)
         )
     if t == "Encoding" and node.element is not None:
         if role == "action":
             # The decoder builds no layer for an Encoding element (spec §10 item 2).
-            return _write(layer, node.element, offset, mean, std, role, f"{path}.Element")
+            return _write(layer, node.element, offset, mean, std, role, f"{path}.Element", chunk)
         if not isinstance(layer, Sequence) or layer.layers[0].input_size != node.element.vector_size:
             raise _mismatch(path, layer, "Sequence[element encoder, MLP]", node)
         first_layer = _write(layer.layers[0], node.element, offset, mean, std, role, f"{path}.Element")

@@ -10,9 +10,10 @@ headers a real engine would send:
 * **Encoder**: the generic schema encoder: Continuous/Discrete leaves -> ``Denormalize(size, 0, 1)`` (an
   identity with a slot for normalisation), And -> Concat, Array -> Array, Encoding -> Sequence[sub, MLP],
   Null -> ``Copy(0)``. A root leaf *is* the Denormalize layer, with no wrapper (§10 item 2).
-* **Decoder**: per action leaf ``Denormalize(VectorSize, 0, 1)``, And -> Concat, Array -> Array, Encoding adds
-  no layer (§10 item 2). Its input is the action's VectorSize (not EncodedSize, which is 2·Num for a
-  Continuous action, §10 item 4).
+* **Decoder**: per action leaf ``Denormalize(VectorSize·C, 0, 1)``, And -> Concat, Array -> Array, Encoding
+  adds no layer (§10 item 2); C = ActionChunkSize, so a chunk is leaf-major (§11 item 5,
+  :mod:`protocol.engine.chunks`). Its input is the action's VectorSize·C (not EncodedSize, which is 2·Num
+  for a Continuous action, §10 item 4).
 
 Initialisation is the builder default, KaimingUniform (§10 item 3): weights ~ U(±1/sqrt(InputSize)), biases
 ~ U(±1/sqrt(OutputSize)), float32. Seeds are the trainer Seed XOR a per-network constant (§6.3) fed to
@@ -210,12 +211,16 @@ def identity_denormalize(size: int) -> Denormalize:
     return Denormalize(size, np.zeros(size, np.float32), np.ones(size, np.float32))
 
 
-def _check_built(layer: Layer, node: SchemaNode, output_size: int, path: str, what: str) -> Layer:
+def _check_built(
+    layer: Layer, node: SchemaNode, output_size: int, path: str, what: str, chunk: int = 1
+) -> Layer:
     # The engine checks every built element against the schema sizes (UE_LEARNING_CHECKF); so do we, so
     # that an inconsistent schema fails here and not as a wrong-width layer deep inside the trainer.
-    if layer.input_size != node.vector_size:
+    if layer.input_size != node.vector_size * chunk:
+        times = f" x ActionChunkSize {chunk}" if chunk > 1 else ""
         raise ConfigError(
-            f"{path}: the {what} reads {layer.input_size} floats but the schema's VectorSize is {node.vector_size}",
+            f"{path}: the {what} reads {layer.input_size} floats but the schema's VectorSize{times} is "
+            f"{node.vector_size * chunk}",
             field=f"{path}.VectorSize",
             expected=layer.input_size,
             actual=node.vector_size,
@@ -298,33 +303,35 @@ def build_encoder(obs_schema: SchemaNode, rng: np.random.Generator) -> Layer:
     return _encoder(obs_schema, rng, "ObservationSchema")
 
 
-def _decoder(node: SchemaNode, path: str) -> Layer:
+def _decoder(node: SchemaNode, path: str, chunk: int) -> Layer:
+    # The engine's MakeDenormalizerNetworkModelBuilderElementFromSchema: every leaf reads Num·C values,
+    # containers pass C down, so a chunk is laid out leaf-major (protocol.engine.chunks).
     t = node.type
     layer: Layer
     if t == "Null":
         layer = Copy(0)
     elif t in _ACTION_LEAVES:
-        layer = identity_denormalize(node.vector_size)
+        layer = identity_denormalize(node.vector_size * chunk)
     elif t == "And" or (t in ("OrExclusive", "OrInclusive") and _or_without_mask(node)):
         # §10 item 2: And (and Or) elements become a Concat of the children's decoders. [INF] An Or whose
         # vector also holds a presence mask cannot be a plain Concat of its children, so only a mask-free
         # Or layout is built; the others are refused below.
-        subs = tuple(_decoder(child, f"{path}.Elements.{name}") for name, child in node.elements)
-        sizes = tuple(child.vector_size for _, child in node.elements)
+        subs = tuple(_decoder(child, f"{path}.Elements.{name}", chunk) for name, child in node.elements)
+        sizes = tuple(child.vector_size * chunk for _, child in node.elements)
         layer = Concat(sizes, sizes, subs)
     elif t == "Array" and node.element is not None and node.num is not None:
         element = node.element
-        layer = Array(
-            node.num, element.vector_size, element.vector_size, _decoder(element, f"{path}.Element")
-        )
+        width = element.vector_size * chunk
+        layer = Array(node.num, width, width, _decoder(element, f"{path}.Element", chunk))
     elif t == "Encoding" and node.element is not None:
         # §10 item 2: an Encoding element adds no decoder layer.
-        layer = _decoder(node.element, f"{path}.Element")
+        layer = _decoder(node.element, f"{path}.Element", chunk)
     elif t in ("OrExclusive", "OrInclusive"):
         raise UnsupportedSchemaError("decoder", t, path, _MASKED_OR)
     else:
         raise UnsupportedSchemaError("decoder", t, path, _GUESSED_SEMANTICS)
-    return _check_built(layer, node, node.vector_size, path, "decoder")
+    width = node.vector_size * chunk
+    return _check_built(layer, node, width, path, "decoder", chunk)
 
 
 def _or_without_mask(node: SchemaNode) -> bool:
@@ -334,29 +341,21 @@ def _or_without_mask(node: SchemaNode) -> bool:
 def build_decoder(action_schema: SchemaNode, chunk_size: int = 1) -> Layer:
     """The action decoder: ActDim -> ActDim with ``ActDim = ActionVectorSize × chunk_size`` (spec §6.3).
 
-    [INF] (spec Unknown 6) For ``chunk_size > 1`` the per-step decoder is wrapped as
-    ``Array(chunk_size, ActionVectorSize, ActionVectorSize, step decoder)``: the chunk is ``chunk_size``
-    consecutive action vectors, step-major, and every step shares one set of normalisation statistics.
-    This is the only layout that both matches the width ActDim and keeps one Denormalize per schema leaf.
-    Spec §11 item 5 has since read the engine's builder as leaf-major instead (each leaf a
-    ``Denormalize(Num·C)``, an And a Concat of those). Following it changes every chunked session's
-    networks and the order of the values in a chunk, which trainers build step-major (§5.4 [INF]), so it
-    is a change of its own, made in the builder and the trainer at once.
+    Built as the engine builds it (spec §11 item 5): each action leaf is a ``Denormalize(Num·C)``, an And
+    (or mask-free Or) a Concat of its children, an Array an ``Array(Num, element built with C)``, an
+    Encoding adds no layer. With ``chunk_size > 1`` its input is therefore leaf-major;
+    :class:`protocol.engine.chunks.ChunkLayout` says where each step's values sit.
 
     Raises :class:`UnsupportedSchemaError` for nodes it cannot build (see the module's table).
     """
-    if not isinstance(chunk_size, int) or chunk_size < 1:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigError(
             "ActionChunkSize must be at least 1",
             field="FlowMatchingSettings.ActionChunkSize",
             expected=">= 1",
             actual=chunk_size,
         )
-    step = _decoder(action_schema, "ActionSchema")
-    if chunk_size == 1:
-        return step
-    size = action_schema.vector_size
-    return Array(chunk_size, size, size, step)
+    return _decoder(action_schema, "ActionSchema", chunk_size)
 
 
 def build_denoiser(

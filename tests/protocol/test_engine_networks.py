@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from emulator.inference import EnginePolicy
 from protocol.cityhash import city_hash32, denoiser_compatibility_hash, to_int32
+from protocol.engine.chunks import ChunkLayout
 from protocol.engine.networks import (
     DENOISER_SEED_SALT,
     ENCODER_SEED_SALT,
@@ -312,12 +313,34 @@ def test_and_action_decoder_is_concat_of_vector_sizes() -> None:
 
 
 @pytest.mark.parametrize("chunk", [2, 4, 8])
-def test_chunked_decoder_is_array_of_step_decoders(chunk: int) -> None:
+def test_chunked_decoder_is_leaf_major_as_the_engine_builds_it(chunk: int) -> None:
+    # Spec §11 item 5: each leaf a Denormalize(Num·C), the And a Concat of those.
     decoder = build_decoder(parse_schema(AND_ACTION, "action"), chunk)
-    assert isinstance(decoder, Array)
-    assert (decoder.element_num, decoder.element_input_size, decoder.element_output_size) == (chunk, 5, 5)
-    assert isinstance(decoder.layer, Concat)
+    assert isinstance(decoder, Concat)
+    assert decoder.input_sizes == decoder.output_sizes == (2 * chunk, 3 * chunk)
+    assert _is_identity_denormalize(decoder.layers[0], 2 * chunk)
+    assert _is_identity_denormalize(decoder.layers[1], 3 * chunk)
     assert decoder.input_size == decoder.output_size == 5 * chunk
+
+
+def test_chunked_array_decoder_builds_its_element_with_the_chunk() -> None:
+    # Array -> Array(Num, element built with C): each array element reads C steps of its own values.
+    schema = parse_schema(
+        {
+            "VectorSize": 6,
+            "DistributionSize": 12,
+            "EncodedSize": 12,
+            "ModifierSize": 13,
+            "Type": "Array",
+            "Num": 3,
+            "Element": _act_continuous(2),
+        },
+        "action",
+    )
+    decoder = build_decoder(schema, 4)
+    assert isinstance(decoder, Array)
+    assert (decoder.element_num, decoder.element_input_size, decoder.element_output_size) == (3, 8, 8)
+    assert _is_identity_denormalize(decoder.layer, 8)
 
 
 @pytest.mark.parametrize("chunk", [0, -1])
@@ -533,6 +556,23 @@ def test_act_draws_x0_from_the_rng() -> None:
     x0 = np.random.default_rng(42).standard_normal((3, 5), dtype=np.float32)
     assert np.array_equal(policy.act(obs, np.random.default_rng(42)), policy.with_x0(obs, x0))
     assert np.array_equal(policy.bind(np.random.default_rng(42))(obs), policy.with_x0(obs, x0))
+
+
+def test_chunked_actions_are_read_back_step_major_through_the_chunk_layout() -> None:
+    nets = _networks(3)  # And(Move 2, Look 3), chunk 3: the decoder is leaf-major
+    layout = ChunkLayout.from_schema(parse_schema(AND_ACTION, "action"), 3)
+    policy = EnginePolicy(nets.encoder.model, nets.denoiser.model, nets.decoder.model, 2, layout)
+    obs = np.random.default_rng(0).standard_normal((4, 19)).astype(np.float32)
+    engine = policy.act(obs, np.random.default_rng(7))
+    steps = policy.act_steps(obs, np.random.default_rng(7))
+    assert steps.shape == (4, 3, 5)
+    np.testing.assert_array_equal(steps[:, 1, :2], engine[:, 2:4])  # Move, step 1
+    np.testing.assert_array_equal(steps[:, 1, 2:], engine[:, 9:12])  # Look, step 1
+    np.testing.assert_array_equal(policy.bind(np.random.default_rng(7))(obs), steps.reshape(4, 15))
+    with pytest.raises(ValueError, match="chunk_layout"):
+        EnginePolicy(nets.encoder.model, nets.denoiser.model, nets.decoder.model, 2).act_steps(
+            obs, np.random.default_rng(7)
+        )
 
 
 def test_from_snapshots_matches_the_layers() -> None:

@@ -34,14 +34,13 @@ def autograd_loss_and_grads(
     inputs: dict[str, torch.Tensor],
     weights: list[torch.Tensor],
     biases: list[torch.Tensor],
-    noise_scale: float,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The same objective written with autograd and torch's own activations."""
     w = [x.clone().requires_grad_(True) for x in weights]
     b = [x.clone().requires_grad_(True) for x in biases]
     z = inputs["latents"][inputs["idx"]]
     if inputs["noise"] is not None:
-        z = z + inputs["noise"] * noise_scale
+        z = z + inputs["noise"]
     x1 = inputs["x1_all"][inputs["idx"]]
     x0, t = inputs["x0"], inputs["t"]
     xt = (1 - t) * x0 + t * x1
@@ -76,7 +75,7 @@ def test_the_hand_written_backward_is_autograds(
         "idx": torch.randint(rows, (batch,), generator=gen),
         "x0": torch.randn(batch, action, generator=gen),
         "t": torch.rand(batch, 1, generator=gen),
-        "noise": torch.randn(batch, latent, generator=gen) if noise_scale > 0 else None,
+        "noise": noise_scale * torch.randn(batch, latent, generator=gen) if noise_scale > 0 else None,
         "x_mean": torch.randn(action, generator=gen),
         "x_std": torch.rand(action, generator=gen) + 0.5,
         "v_mean": torch.randn(action, generator=gen),
@@ -85,7 +84,7 @@ def test_the_hand_written_backward_is_autograds(
         "out_std": torch.rand(action, generator=gen) + 0.5 if denormalize else None,
     }
     activations = [activation, activation]
-    function = make_loss_and_grads(activations, noise_scale)
+    function = make_loss_and_grads(activations)
     loss, grad_w, grad_b = function(
         inputs["latents"],
         inputs["x1_all"],
@@ -102,7 +101,7 @@ def test_the_hand_written_backward_is_autograds(
         inputs["out_mean"],
         inputs["out_std"],
     )
-    ref_loss, ref_w, ref_b = autograd_loss_and_grads(activations, inputs, weights, biases, noise_scale)  # type: ignore[arg-type]
+    ref_loss, ref_w, ref_b = autograd_loss_and_grads(activations, inputs, weights, biases)  # type: ignore[arg-type]
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     for mine, ref in zip(grad_w + grad_b, ref_w + ref_b, strict=True):
         torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-6)
@@ -135,8 +134,8 @@ def test_the_flat_step_lays_gradients_out_like_the_parameters_and_sums_the_norm_
         None,
     )
     stats = (torch.zeros(action), torch.ones(action), torch.zeros(action), torch.ones(action), None, None)
-    metrics, grads = make_flat_step(["TanH"], 0.0, layout)(*args, flat, *stats)
-    loss, grad_w, grad_b = make_loss_and_grads(["TanH"], 0.0)(
+    metrics, grads = make_flat_step(["TanH"], layout)(*args, flat, *stats)
+    loss, grad_w, grad_b = make_loss_and_grads(["TanH"])(
         *args, [params[0], params[2]], [params[1], params[3]], *stats
     )
     assert grads.shape == flat.shape
@@ -208,7 +207,7 @@ def test_compiled_step_matches_the_eager_step_and_reproduces_itself(
 def test_a_failed_compilation_falls_back_to_the_eager_step_without_losing_a_draw(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def broken(activations: object, obs_noise_scale: float, layout: object) -> object:
+    def broken(activations: object, layout: object) -> object:
         def fail(*args: object) -> None:
             raise RuntimeError("InductorError: no working C++ compiler\nmore detail")
 

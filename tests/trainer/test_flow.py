@@ -15,6 +15,7 @@ from trainer.flow import (
     euler_integrate,
     flow_matching_loss,
     interpolate,
+    interpolate_fitted,
 )
 
 N_SAMPLES = 40_000
@@ -56,6 +57,61 @@ def test_interpolate_rejects_bad_shapes(
 ) -> None:
     with pytest.raises(ValueError):
         interpolate(torch.zeros(x0_shape), torch.zeros(x1_shape), torch.zeros(t_shape))
+
+
+# --------------------------------------------------------------------------------------------------
+# interpolate_fitted (NormalizeLatents)
+
+
+def _fitted_case(seed: int = 3) -> tuple[torch.Tensor, ...]:
+    g = gen(seed)
+    z = torch.randn((256, 4), generator=g, dtype=torch.float64)
+    x1 = 5.0 + 0.1 * torch.randn((256, 4), generator=g, dtype=torch.float64)
+    t = torch.rand((256, 1), generator=g, dtype=torch.float64)
+    sigma = torch.tensor([0.1, 0.5, 1.0, 4.0], dtype=torch.float64)
+    return z, x1, t, sigma
+
+
+def test_fitted_path_is_the_fitted_source_path_in_the_engines_coordinates() -> None:
+    # x = (1 − t)(μ + σz) + t·x1 seen through x̃ = (x − (1 − t)μ)/((1 − t)σ + t), for any μ.
+    z, x1, t, sigma = _fitted_case()
+    path = interpolate_fitted(z, x1, t, sigma)
+    s = (1 - t) * sigma + t
+    for mu in (0.0, 5.0, -30.0):
+        x = (1 - t) * (mu + sigma * z) + t * x1
+        torch.testing.assert_close(path.x_t, (x - (1 - t) * mu) / s, rtol=1e-12, atol=1e-12)
+
+
+def test_fitted_path_starts_at_the_engines_noise_and_ends_at_the_data() -> None:
+    z, x1, _, sigma = _fitted_case()
+    zeros, ones = torch.zeros((256, 1), dtype=torch.float64), torch.ones((256, 1), dtype=torch.float64)
+    torch.testing.assert_close(interpolate_fitted(z, x1, zeros, sigma).x_t, z, rtol=0, atol=1e-12)
+    torch.testing.assert_close(interpolate_fitted(z, x1, ones, sigma).x_t, x1, rtol=0, atol=1e-12)
+
+
+def test_fitted_target_is_the_time_derivative_of_the_path() -> None:
+    z, x1, t, sigma = _fitted_case()
+    t = t.clamp(1e-3, 1 - 1e-3)
+    h = 1e-6
+    ahead = interpolate_fitted(z, x1, t + h, sigma).x_t
+    behind = interpolate_fitted(z, x1, t - h, sigma).x_t
+    torch.testing.assert_close(
+        interpolate_fitted(z, x1, t, sigma).target, (ahead - behind) / (2 * h), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_fitted_path_with_unit_sigma_is_the_linear_path() -> None:
+    z, x1, t, _ = _fitted_case()
+    ones = torch.ones(4, dtype=torch.float64)
+    fitted, linear = interpolate_fitted(z, x1, t, ones), interpolate(z, x1, t)
+    torch.testing.assert_close(fitted.x_t, linear.x_t, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fitted.target, linear.target, rtol=1e-12, atol=1e-12)
+
+
+def test_fitted_path_rejects_a_source_std_of_the_wrong_width() -> None:
+    z, x1, t, _ = _fitted_case()
+    with pytest.raises(ValueError, match="source_std"):
+        interpolate_fitted(z, x1, t, torch.ones(3, dtype=torch.float64))
 
 
 def test_loss_is_the_mean_squared_error() -> None:

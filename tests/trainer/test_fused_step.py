@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.fused import BATCH, assert_same, engine_model, everything
+from protocol.engine.networks import build_flow_matching_networks
+from protocol.schema import parse_schema
+from tests.support.fused import ACT, BATCH, assert_same, engine_model, everything
 from tests.support.models import make_model
 from trainer.data import TensorData, TrainingData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution
-from trainer.model import FlowModel
+from trainer.model import FlowModel, ModelSettings
 from trainer.nne_torch import DenormalizeModule, SequenceModule
 from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
 from trainer.steps.fused import FusedStep, fused_step_unsupported
@@ -96,15 +98,65 @@ def test_fast_mode_matches_the_reference_to_float_rounding(
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
 
 
-@pytest.mark.parametrize("exact", [True, False])
-def test_schema_with_an_encoding_mlp_matches_to_float_rounding(exact: bool) -> None:
-    # An Encoding MLP in the frozen encoder: latents are precomputed over all rows at once, which the
-    # BLAS may round differently from a 32-row batch, so equality is to rounding here.
-    base, data = make_model(False, True, 3, ema=0.95)
+def masked_fitted_model(embed: bool) -> tuple[FlowModel, TrainingData]:
+    """A flat And(Continuous 3, DiscreteExclusive 2) observation (noise masked off the one-hot) at raw
+    scales, NormalizeLatents on (the fitted-source path), the engine's networks."""
+    obs_schema = parse_schema(
+        {
+            "Type": "And",
+            "VectorSize": 5,
+            "EncodedSize": 5,
+            "Elements": {
+                "pos": {
+                    "Type": "Continuous",
+                    "VectorSize": 3,
+                    "EncodedSize": 3,
+                    "Num": 3,
+                    "Normalization": "AutoPerDimension",
+                    "Index": 0,
+                },
+                "kind": {
+                    "Type": "DiscreteExclusive",
+                    "VectorSize": 2,
+                    "EncodedSize": 2,
+                    "Num": 2,
+                    "Index": 1,
+                },
+            },
+        },
+        "observation",
+    )
+    rng = np.random.default_rng(8)
+    steps = 300
+    obs = np.hstack([30 + 7 * rng.standard_normal((steps, 3)), np.eye(2)[rng.integers(0, 2, steps)]])
+    act = (-2.0 + 3.0 * np.tanh(obs[:, :2] - 30.0) + 0.5 * rng.standard_normal((steps, 2))).astype(np.float32)
+    data = TrainingData.from_arrays([0, 150], [150, 150], obs.astype(np.float32), act, 2)
+    nets = build_flow_matching_networks(obs_schema, ACT, 2, 1, 24, "ELU", 3)
+    settings = ModelSettings(embed_normalizations=embed, normalize_latents=True, chunk_size=2, ema_decay=0.9)
+    model = FlowModel.from_networks(
+        nets.denoiser.model, nets.encoder.model, nets.decoder.model, obs_schema, ACT, settings, data
+    )
+    return model, data
+
+
+@pytest.mark.parametrize("embed", [False, True])
+def test_exact_mode_is_bitwise_with_masked_noise_and_the_fitted_source(embed: bool) -> None:
+    base, data = masked_fitted_model(embed)
+    assert base.fitted_source and base.noise_on_latents and base.noise_std[3:].eq(0).all()
     ref_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
-    time = TimeDistribution.beta(1.5, 1.0)
-    _, ref_opt, _ = reference_run(ref_model, data, 20, 9, time, 0.1)
-    _, opt, _ = fused_run(fused_model, data, 20, 9, time, 0.1, exact=exact)
+    time = TimeDistribution.logit_normal(0.0, 1.0)
+    _, ref_opt, ref_gen = reference_run(ref_model, data, 25, 4, time, 0.3)
+    _, opt, gen = fused_run(fused_model, data, 25, 4, time, 0.3, exact=True)
+    assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=True)
+    assert torch.equal(ref_gen.get_state(), gen.get_state())
+
+
+def test_fast_mode_matches_with_masked_noise_and_the_fitted_source() -> None:
+    base, data = masked_fitted_model(False)
+    ref_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
+    time = TimeDistribution.uniform()
+    _, ref_opt, _ = reference_run(ref_model, data, 25, 6, time, 0.2)
+    _, opt, _ = fused_run(fused_model, data, 25, 6, time, 0.2, exact=False)
     assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=False)
 
 
@@ -179,7 +231,7 @@ def test_diverged_is_raised_before_anything_changes() -> None:
 
 
 def test_unsupported_models_and_optimizers_are_refused_with_a_reason() -> None:
-    embedded, data = make_model(True, False, 1, ema=0.9)  # Embed true + Encoding MLP: encoder trained
+    embedded, data = make_model(False, False, 1, ema=0.9)  # an Encoding MLP: the encoder is trained
     optimizer = make_optimizer(embedded, 1e-3, 0.0)
     reason = fused_step_unsupported(embedded, optimizer)
     assert reason is not None and "encoder is trained" in reason

@@ -11,13 +11,17 @@ import numpy as np
 import pytest
 import torch
 
+from protocol.engine.chunks import ChunkLayout
 from protocol.engine.networks import build_decoder, build_denoiser, build_encoder
 from protocol.nne.codec import structure_key, write_model
-from protocol.nne.layers import ELU, Array, Concat, Copy, Denormalize, Sequence
+from protocol.nne.layers import ELU, Array, Concat, Copy, Denormalize, Layer, Sequence, children
 from protocol.nne.reference import evaluate
 from protocol.schema import parse_schema
 from tests.support.models import (
+    ACTION_SCHEMA,
     ACTION_WIDTH,
+    DISCRETE,
+    OBS_WIDTH,
     cont,
     engine_actions,
     make_model,
@@ -56,21 +60,30 @@ def test_exported_networks_on_the_engine_path_match_the_torch_sampler(
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-4)
     assert np.abs(expected).max() > 1.0  # raw action units, not normalised ones
 
-    # Same structure and byte size as received (spec §6.1); Embed false sends encoder/decoder back as received.
+    # Same structure and byte size as received (spec §6.1). The Encoding MLP is trained in both modes;
+    # Embed false sends the decoder back as received and the encoder's leaves as received.
     for sent, got in zip(exported, received, strict=True):
         assert structure_key(sent) == structure_key(got)
         assert len(write_model(sent)) == len(write_model(got))
     placement = model.placement
+    assert placement.encoder_trained  # the Encoding element holds Linear layers
+    assert placement.fitted_source == latents
+    assert write_model(exported.encoder) != write_model(received[1])
     if not embed:
-        assert exported.encoder is received[1] and exported.decoder is received[2]
+        assert exported.decoder is received[2]
+        assert _leaves(exported.encoder) == _leaves(received[1])
         assert (placement.observations, placement.actions) == ("denoiser", "denoiser")
-        assert placement.latents_standardized and not placement.encoder_trained
     else:
         assert (placement.observations, placement.actions) == ("encoder", "decoder")
-        assert placement.latents_standardized == latents
-        assert placement.encoder_trained  # the Encoding element holds Linear layers
-        assert write_model(exported.encoder) != write_model(received[1])
+        assert _leaves(exported.encoder) != _leaves(received[1])
     assert placement.notes == ()
+
+
+def _leaves(layer: Layer) -> list[tuple[list[float], list[float]]]:
+    """Every Denormalize's (mean, std), depth first."""
+    if isinstance(layer, Denormalize):
+        return [(layer.mean.tolist(), layer.std.tolist())]
+    return [leaf for child in children(layer) for leaf in _leaves(child)]
 
 
 def test_embed_true_puts_the_statistics_in_the_encoder_and_decoder_leaves() -> None:
@@ -120,10 +133,121 @@ def test_reimporting_an_export_continues_from_the_same_function() -> None:
     second = again.export()
     rng = np.random.default_rng(5)
     e = evaluate(first.encoder, data.observations[:32])
+    # the Encoding MLP held the observation statistics; they were un-folded and moved out again
+    np.testing.assert_allclose(evaluate(second.encoder, data.observations[:32]), e, rtol=1e-4, atol=1e-4)
     x = np.hstack([e, rng.standard_normal((32, 3)) * 7 - 3, rng.random((32, 1))]).astype(np.float32)
     np.testing.assert_allclose(
         evaluate(second.denoiser, x), evaluate(first.denoiser, x), rtol=1e-4, atol=1e-4
     )
+
+
+@pytest.mark.parametrize("embed", [False, True])
+def test_chunk_targets_are_leaf_major_and_decode_back_into_the_recorded_steps(embed: bool) -> None:
+    # And(move 2, turn 1) with chunk 3: the engine's decoder is Concat(Denormalize(6), Denormalize(3)).
+    model, data = make_model(embed, False, 3)
+    x1 = model.tensor_data(data).x1.numpy()
+    decoded = evaluate(model.export().decoder, x1)
+    layout = ChunkLayout.from_schema(ACTION_SCHEMA, 3)
+    assert not layout.is_identity
+    steps = layout.to_steps(decoded)
+    np.testing.assert_allclose(steps, data.targets.reshape(-1, 3, ACTION_WIDTH), rtol=1e-5, atol=1e-4)
+
+
+def test_embed_false_sends_a_weightless_encoder_back_byte_identical() -> None:
+    obs_schema = parse_schema(cont(3, "AutoPerDimension"), "observation")
+    action_schema = parse_schema(cont(2, "AutoPerDimension", role="action"), "action")
+    rng = np.random.default_rng(4)
+    obs = (50 + 20 * rng.standard_normal((80, 3))).astype(np.float32)
+    data = TrainingData.from_arrays([0], [80], obs, rng.standard_normal((80, 2)).astype(np.float32), 1)
+    encoder, decoder = build_encoder(obs_schema, rng), build_decoder(action_schema, 1)
+    denoiser = build_denoiser(3, 2, 0, 8, "ELU", rng)
+    model = FlowModel.from_networks(
+        denoiser, encoder, decoder, obs_schema, action_schema, ModelSettings(), data
+    )
+    assert not model.placement.encoder_trained
+    train(model, data, 5)
+    exported = model.export()
+    assert write_model(exported.encoder) == write_model(encoder)
+    assert write_model(exported.decoder) == write_model(decoder)
+
+
+def test_embed_false_moves_the_statistics_into_the_encoding_mlp() -> None:
+    received = make_networks(1)
+    model, data = make_model(False, False, 1, networks=received)
+    train(model, data, 10)
+    exported = model.export()
+    # the Encoding (last element) is Sequence[Denormalize leaf, MLP]: the leaf as received, the MLP's first
+    # Linear holds the statistics; its output over the data is what training's encoder computes
+    enc_sent, enc_received = exported.encoder.layers[5], received[1].layers[5]  # type: ignore[attr-defined]
+    assert _leaves(enc_sent) == _leaves(enc_received)
+    trained = model.encoder(torch.from_numpy(data.observations)).detach().numpy()[:, -4:]
+    np.testing.assert_allclose(evaluate(enc_sent, data.observations[:, -2:]), trained, rtol=1e-4, atol=1e-5)
+
+
+def test_normalize_latents_fits_the_source_to_the_data() -> None:
+    model, data = make_model(False, True, 3)
+    x1 = model.tensor_data(data).x1.double()
+    torch.testing.assert_close(model.source_std.double(), x1.std(0, unbiased=False), rtol=1e-5, atol=0)
+    assert model.source_std.min() > 3.0  # raw action units (Embed false): far from N(0, 1)
+    plain, _ = make_model(False, False, 3)
+    assert torch.equal(plain.source_std, torch.ones(9)) and not plain.fitted_source
+    # the training pair is the fitted-source path (trainer.flow.interpolate_fitted)
+    g = torch.Generator().manual_seed(0)
+    x0, t = torch.randn((16, 9), generator=g), torch.rand((16, 1), generator=g)
+    path = model.flow_path(x0, model.tensor_data(data).x1[:16], t)
+    s = (1 - t) * model.source_std + t
+    torch.testing.assert_close(path.x_t * s, (1 - t) * model.source_std * x0 + t * x1[:16].float())
+
+
+def test_observation_noise_covers_continuous_columns_with_a_random_magnitude_per_row() -> None:
+    # Encoding in the schema: the encoder is trained, so the noise goes on the observations (O columns)
+    model, data = make_model(True, False, 1)
+    assert not model.noise_on_latents and model.noise_std.shape == (OBS_WIDTH,)
+    assert torch.all(model.noise_std[DISCRETE] == 0) and torch.all(model.noise_std[: DISCRETE.start] > 0)
+    obs_std = torch.from_numpy(data.observations).double().std(0, unbiased=False)
+    torch.testing.assert_close(model.noise_std[:2].double(), obs_std[:2], rtol=1e-4, atol=0)
+    # per row: m ~ U[0, scale), so the row RMS of noise/noise_std spreads over [0, scale)
+    scale, rows = 0.5, 4000
+    noise = model.observation_noise(rows, scale, torch.Generator().manual_seed(1))
+    live = model.noise_std > 0
+    rms = (noise[:, live] / model.noise_std[live]).pow(2).mean(1).sqrt()
+    assert torch.all(noise[:, ~live] == 0)
+    # a fixed magnitude would put no row below 0.1·scale (rms ~ scale·chi_k/sqrt(k), k = 14 columns)
+    assert 0.05 < (rms < 0.1 * scale).double().mean().item() < 0.2
+    assert abs(rms.mean().item() - scale / 2) < 0.1 * scale
+
+
+def test_observation_noise_of_a_flat_encoder_goes_on_the_latents_in_standardised_units() -> None:
+    obs_schema = parse_schema(
+        {
+            "Type": "And",
+            "VectorSize": 5,
+            "EncodedSize": 5,
+            "Elements": {
+                "a": cont(2, "AutoPerDimension", 0),
+                "k": {"Type": "DiscreteExclusive", "VectorSize": 3, "EncodedSize": 3, "Num": 3, "Index": 1},
+            },
+        },
+        "observation",
+    )
+    action_schema = parse_schema(cont(1, "AutoShared", role="action"), "action")
+    rng = np.random.default_rng(3)
+    obs = np.hstack([40 + 9 * rng.standard_normal((60, 2)), np.eye(3)[rng.integers(0, 3, 60)]])
+    data = TrainingData.from_arrays(
+        [0], [60], obs.astype(np.float32), rng.standard_normal((60, 1)).astype(np.float32), 1
+    )
+    for embed in (False, True):
+        model = FlowModel.from_networks(
+            build_denoiser(5, 1, 0, 8, "ELU", rng),
+            build_encoder(obs_schema, rng),
+            build_decoder(action_schema, 1),
+            obs_schema,
+            action_schema,
+            ModelSettings(embed_normalizations=embed),
+            data,
+        )
+        assert model.noise_on_latents
+        torch.testing.assert_close(model.noise_std, torch.tensor([1.0, 1.0, 0, 0, 0]), rtol=1e-5, atol=1e-6)
 
 
 def test_layout_fallbacks_fold_into_the_denoiser_and_still_match_the_engine_path() -> None:
@@ -159,7 +283,7 @@ def test_embed_without_auto_leaves_writes_nothing_and_says_so() -> None:
     model = FlowModel.from_networks(
         denoiser, encoder, decoder, obs_schema, action_schema, ModelSettings(embed_normalizations=True), data
     )
-    assert len(model.placement.notes) == 2 and "§10 item 5" in model.placement.notes[0]
+    assert len(model.placement.notes) == 2 and "section 10 item 5" in model.placement.notes[0]
     exported = model.export()
     assert write_model(exported.encoder) == write_model(encoder)
     assert write_model(exported.decoder) == write_model(decoder)

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from protocol.engine.chunks import ChunkLayout
+from protocol.engine.networks import build_decoder
 from protocol.nne.layers import (
     ELU,
     Array,
@@ -243,26 +245,36 @@ ACT_MEAN = np.array([-3.0, 1.0, 10.0])
 ACT_STD = np.array([7.0, 0.5, 2.0])
 
 
-def step_decoder() -> Layer:
-    return Concat((2, 1), (2, 1), (ident(2), ident(1)))
-
-
-@pytest.mark.parametrize(
-    ("chunk", "decoder"),
-    [
-        (1, step_decoder()),
-        (3, Array(3, 3, 3, step_decoder())),
-        (3, Concat((3, 3, 3), (3, 3, 3), (step_decoder(), step_decoder(), step_decoder()))),
-        (2, Concat((2, 1, 2, 1), (2, 1, 2, 1), (ident(2), ident(1), ident(2), ident(1)))),
-    ],
-    ids=["chunk1", "array", "concat-of-steps", "concat-of-elements"],
-)
-def test_written_decoder_maps_normalised_chunks_to_raw_actions(chunk: int, decoder: Layer) -> None:
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_written_engine_decoder_maps_normalised_chunks_to_raw_actions(chunk: int) -> None:
+    # The engine's layout (spec §11 item 5): leaf-major, each leaf a Denormalize(Num·C).
+    decoder = build_decoder(ACT_SCHEMA, chunk)
     written = write_decoder_denormalization(decoder, ACT_SCHEMA, chunk, ACT_MEAN, ACT_STD)
+    layout = ChunkLayout.from_schema(ACT_SCHEMA, chunk)
     x = RNG.standard_normal((16, 3 * chunk)).astype(np.float32)
-    expected = x * np.tile(ACT_STD, chunk) + np.tile(ACT_MEAN, chunk)
+    expected = x * layout.to_engine(np.tile(ACT_STD, chunk)) + layout.to_engine(np.tile(ACT_MEAN, chunk))
     np.testing.assert_allclose(evaluate(written, x), expected, rtol=0, atol=1e-5)
     assert type(written) is type(decoder)
+
+
+def test_written_engine_decoder_of_an_array_shares_the_element_statistics() -> None:
+    schema = parse_schema(
+        {
+            "Type": "Array",
+            "VectorSize": 4,
+            "EncodedSize": 8,
+            "DistributionSize": 8,
+            "ModifierSize": 9,
+            "Num": 2,
+            "Element": cont(2, "AutoPerDimension", role="action"),
+        },
+        "action",
+    )
+    written = write_decoder_denormalization(
+        build_decoder(schema, 3), schema, 3, [1.0, 2.0, 1.0, 2.0], [3.0, 4.0, 3.0, 4.0]
+    )
+    assert isinstance(written, Array) and isinstance(written.layer, Denormalize)
+    assert written.layer.mean.tolist() == [1, 2] * 3 and written.layer.std.tolist() == [3, 4] * 3
 
 
 def test_flat_chunked_decoder_for_a_continuous_root() -> None:
@@ -306,26 +318,6 @@ def test_decoder_encoding_adds_no_layer_and_manual_leaves_keep_their_values() ->
     assert written.layers[1] is kept  # type: ignore[union-attr]
 
 
-def test_one_element_and_decoder_with_chunks_of_elements() -> None:
-    schema = parse_schema(
-        {
-            "Type": "And",
-            "VectorSize": 1,
-            "EncodedSize": 2,
-            "DistributionSize": 2,
-            "ModifierSize": 4,
-            "Elements": {"a": cont(1, "AutoShared", 0, "action")},
-        },
-        "action",
-    )
-    # a Concat of C children of width Av: per-step Concats, or (here) the element's own Denormalize
-    written = write_decoder_denormalization(
-        Concat((1, 1), (1, 1), (ident(1), ident(1))), schema, 2, [4.0], [2.0]
-    )
-    x = RNG.standard_normal((4, 2)).astype(np.float32)
-    np.testing.assert_allclose(evaluate(written, x), x * 2.0 + 4.0, rtol=0, atol=1e-6)
-
-
 def test_null_observation_leaves_keep_their_zero_width_layer() -> None:
     schema = parse_schema(
         {
@@ -350,11 +342,12 @@ def test_null_observation_leaves_keep_their_zero_width_layer() -> None:
 @pytest.mark.parametrize(
     ("chunk", "decoder"),
     [
-        (3, Array(3, 3, 3, ident(3))),  # per-step tree is not the schema's Concat
+        (3, Array(3, 3, 3, Concat((2, 1), (2, 1), (ident(2), ident(1))))),  # step-major: not the engine's
         (3, Concat((4, 5), (4, 5), (ident(4), ident(5)))),
         (2, ident(6)),  # wrong width
         (1, Sequence((linear(3, 3),))),
     ],
+    ids=["step-major-array", "wrong-concat", "one-denormalize", "linear"],
 )
 def test_unexpected_decoder_layouts_raise_layout_mismatch(chunk: int, decoder: Layer) -> None:
     with pytest.raises(LayoutMismatch):

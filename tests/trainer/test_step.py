@@ -47,8 +47,10 @@ def test_optimizer_is_adamw_amsgrad_over_the_trainable_parameters() -> None:
     group = optimizer.param_groups[0]
     assert group["amsgrad"] is True and group["lr"] == 3e-4 and group["weight_decay"] == 1e-3
     params = {id(p) for p in group["params"]}
-    # Embed false: only the denoiser trains (the encoder is frozen and sent back as received; EMA is no parameter to optimise)
-    assert params == {id(p) for p in model.denoiser.parameters()}
+    # Every network with weights trains, in both Embed modes: the denoiser and the Encoding MLP of the
+    # encoder (the EMA copies are no parameters to optimise)
+    assert params == {id(p) for p in [*model.denoiser.parameters(), *model.encoder.parameters()]}
+    assert any(True for _ in model.encoder.parameters())
     embedded, _ = make_model(True, False, 1, ema=0.9)
     trained = {id(p) for p in make_optimizer(embedded, 1e-4, 0.0).param_groups[0]["params"]}
     assert trained == {id(p) for p in [*embedded.denoiser.parameters(), *embedded.encoder.parameters()]}

@@ -118,6 +118,11 @@ def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingSte
     elif inputs.compile.strip().lower() == "on":
         # Wanted and available, yet not compiling: the compiled function gathers precomputed latents,
         # which this buffer is too large for (trainer.steps.fused.PRECOMPUTE_LIMIT_BYTES).
-        reason = why if not compiled else "the replay buffer's latents are too large to precompute"
+        if not compiled:
+            reason = why
+        elif inputs.model.fitted_source:
+            reason = "NormalizeLatents' fitted-source path runs eagerly"
+        else:
+            reason = "the replay buffer's latents are too large to precompute"
         log(f"la-trainer: warning: training step not compiled ({reason})")
     return fused

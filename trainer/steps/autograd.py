@@ -15,7 +15,7 @@ import torch
 
 from trainer.data import Batch, TensorData
 from trainer.errors import Diverged
-from trainer.flow import TimeDistribution, flow_matching_loss, interpolate
+from trainer.flow import TimeDistribution, flow_matching_loss
 from trainer.model import FlowModel
 from trainer.steps.base import StepMetrics
 from trainer.torch_compat import total_norm
@@ -62,19 +62,19 @@ def train_step(
 ) -> StepMetrics:
     """One flow-matching step on ``batch`` (see :mod:`trainer.flow` for the convention).
 
-    ``obs_noise_scale``: std of the Gaussian noise added to the standardised latents, training only
-    (``ObservationNoiseScale``, design.md [INF]). ``iteration`` only names the step in errors.
+    ``obs_noise_scale``: ``ObservationNoiseScale``, the largest per-row magnitude of the noise on the
+    standardised continuous observations, training only (:meth:`FlowModel.observation_noise`, design.md
+    [INF]). ``iteration`` only names the step in errors.
     Raises :class:`Diverged` when the loss or the gradient norm is not finite, BEFORE the optimiser step,
     so the weights (and the EMA) stay those of the last good step. One host sync per step.
     """
     x1 = batch.x1
     x0 = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
     t = time_dist.sample(batch.size, generator, x1.device, x1.dtype)
-    path = interpolate(x0, x1, t)
+    path = model.flow_path(x0, x1, t)
 
-    z = model.encode(batch.obs)
-    if obs_noise_scale > 0:
-        z = z + obs_noise_scale * torch.randn(z.shape, generator=generator, device=z.device, dtype=z.dtype)
+    noise = model.observation_noise(batch.size, obs_noise_scale, generator) if obs_noise_scale > 0 else None
+    z = model.encode(batch.obs, noise)
     pred = model.velocity_standardized(z, path.x_t, t)
     loss = flow_matching_loss(pred, model.standardize_velocity(path.target))
 

@@ -109,11 +109,12 @@ def _activation_backward(name: str, grad: Tensor, a: Tensor) -> Tensor:
     return grad * (1.0 - a * a)
 
 
-def make_loss_and_grads(activations: Sequence[str], obs_noise_scale: float) -> LossAndGrads:
+def make_loss_and_grads(activations: Sequence[str]) -> LossAndGrads:
     """The step's arithmetic, un-compiled: the same formulas as :meth:`FusedStep.step` stages 1–4 after
-    the draws, as a pure function (no ``out=``, no in-place: inductor plans the buffers)."""
+    the draws, as a pure function (no ``out=``, no in-place: inductor plans the buffers). ``noise``: the
+    observation noise on the latents, already scaled (:meth:`FlowModel.observation_noise`); the linear
+    path only (the fused step does not compile the fitted-source path of ``NormalizeLatents``)."""
     names = tuple(activations)
-    scale = float(obs_noise_scale)
 
     def loss_and_grads(
         latents: Tensor,
@@ -133,7 +134,7 @@ def make_loss_and_grads(activations: Sequence[str], obs_noise_scale: float) -> L
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         z = torch.index_select(latents, 0, idx)
         if noise is not None:
-            z = z + noise * scale
+            z = z + noise
         x1 = torch.index_select(x1_all, 0, idx)
         target = x1 - x0
         xt = x0 + t * target
@@ -196,13 +197,13 @@ FlatStep = Callable[..., tuple[Tensor, Tensor]]
 ``flat_params``."""
 
 
-def make_flat_step(activations: Sequence[str], obs_noise_scale: float, layout: FlatLayout) -> FlatStep:
+def make_flat_step(activations: Sequence[str], layout: FlatLayout) -> FlatStep:
     """:func:`make_loss_and_grads` on the flat parameter buffer, returning the flat gradient and both
     metrics. One tensor in and two out (instead of lists) keeps the compiled call's guards and wrapper
     small, and the norm joins the compiled kernels: the squares are summed in float64, as the eager
     step's ``vector_norm`` accumulates them on a CPU, so a large but finite gradient cannot overflow
     into a false divergence."""
-    loss_and_grads = make_loss_and_grads(activations, obs_noise_scale)
+    loss_and_grads = make_loss_and_grads(activations)
     blocks, layers, size = layout.blocks, layout.layers, layout.size
     ends = [offset + math.prod(shape) for offset, shape in blocks]
     # Assembled in memory order: each block's gradient, then zeros up to the next block (or the end).
@@ -244,7 +245,7 @@ def make_flat_step(activations: Sequence[str], obs_noise_scale: float, layout: F
     return flat_step
 
 
-def compile_flat_step(activations: Sequence[str], obs_noise_scale: float, layout: FlatLayout) -> FlatStep:
+def compile_flat_step(activations: Sequence[str], layout: FlatLayout) -> FlatStep:
     """:func:`make_flat_step`, compiled (lazily: the first call compiles)."""
-    function = make_flat_step(activations, obs_noise_scale, layout)
+    function = make_flat_step(activations, layout)
     return torch.compile(function, dynamic=False, fullgraph=True)

@@ -58,7 +58,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.data import Batch
-from trainer.flow import TimeDistribution, flow_matching_loss, interpolate
+from trainer.flow import TimeDistribution, flow_matching_loss
 from trainer.model import FlowModel
 from trainer.steps.autograd import BatchSampler, apply_gradients, make_optimizer
 from trainer.steps.base import StepMetrics
@@ -314,7 +314,7 @@ def distill_step(
 
     ``pool``: first-interval targets to reuse (None: always fresh). When :meth:`TargetPool.due`, the
     ``B/N`` first-interval rows get fresh teacher targets, which join the pool; otherwise they are drawn
-    from the pool (observations included). ``obs_noise_scale`` applies to the student's latents only (the
+    from the pool (observations included). ``obs_noise_scale`` applies to the student's inputs only (the
     teacher's targets stay those of the clean observation). Raises :class:`Diverged` before the optimiser
     step. Returns the total loss (standardised velocity units)."""
     obs, x1 = batch.obs, batch.x1
@@ -365,20 +365,17 @@ def distill_step(
         # 4. The interval's average velocity, in the loss's standardised units.
         target = model.standardize_velocity((torch.cat(parts_end) - x_k) / dt)
 
-    z = model.encode(obs_all)
-    if obs_noise_scale > 0:
-        z = z + obs_noise_scale * torch.randn(z.shape, generator=generator, device=device, dtype=z.dtype)
+    noisy = obs_noise_scale > 0
+    z = model.encode(obs_all, model.observation_noise(rows, obs_noise_scale, generator) if noisy else None)
     fm_rows = max(1, round(settings.fm_rows * rows)) if settings.fm_weight > 0 else 0
     if fm_rows:
         # 5. Ordinary flow matching at random t on the batch's own rows, in the same forward pass.
         noise = torch.randn((fm_rows, width), generator=generator, device=device, dtype=dtype)
         t_fm = time_dist.sample(fm_rows, generator, device, dtype)
-        path = interpolate(noise, x1[:fm_rows], t_fm)
-        z_fm = model.encode(obs[:fm_rows])
-        if obs_noise_scale > 0:
-            z_fm = z_fm + obs_noise_scale * torch.randn(
-                z_fm.shape, generator=generator, device=device, dtype=z_fm.dtype
-            )
+        path = model.flow_path(noise, x1[:fm_rows], t_fm)
+        z_fm = model.encode(
+            obs[:fm_rows], model.observation_noise(fm_rows, obs_noise_scale, generator) if noisy else None
+        )
         pred = model.velocity_standardized(
             torch.cat((z, z_fm)), torch.cat((x_k, path.x_t)), torch.cat((t_all, t_fm))
         )

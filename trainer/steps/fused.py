@@ -22,8 +22,11 @@ removes that overhead and nothing else:
   EMA step is a single ``lerp_`` over it (the same per-element formula as the per-tensor one).
 
 Random stream: unchanged. The generator is drawn in the reference order: batch rows (``randint``),
-``x0`` (``randn``), ``t`` (:meth:`TimeDistribution.sample`), observation noise (``randn``), with the same
-shapes and dtypes, so the same seed draws the same numbers as ``BatchSampler.next`` + ``train_step``.
+``x0`` (``randn``), ``t`` (:meth:`TimeDistribution.sample`), observation noise (magnitudes ``rand``,
+then ``randn``, :meth:`FlowModel.observation_noise`), with the same shapes and dtypes, so the same seed
+draws the same numbers as ``BatchSampler.next`` + ``train_step``. The flow path (linear, or the
+fitted-source path of ``NormalizeLatents``) is computed with the same operations in the same order as
+:meth:`FlowModel.flow_path`.
 
 Two modes (``exact``):
 
@@ -77,7 +80,9 @@ _PRECOMPUTE_CHUNK = 65536
 def fused_step_unsupported(model: FlowModel, optimizer: torch.optim.Optimizer) -> str | None:
     """None when :class:`FusedStep` can run this model and optimiser, else the reason (for the log)."""
     if model.placement.encoder_trained or any(p.requires_grad for p in model.encoder.parameters()):
-        return "the encoder is trained (EmbedNormalizationsInWeights with Encoding MLPs)"
+        return "the encoder is trained (it has weights: Encoding MLPs)"
+    if not model.noise_on_latents:
+        return "the encoder is not an element-wise map (observation noise goes before it)"
     layout = parse_mlp(model.denoiser)
     if isinstance(layout, str):
         return layout
@@ -191,6 +196,12 @@ class FusedStep:
         self._xt = empty(b, action_width)
         self._xs = empty(b, action_width)
         self._noise = empty(b, latent_width) if self.obs_noise_scale > 0 else None
+        self._magnitude = empty(b, 1) if self.obs_noise_scale > 0 else None
+        self._fitted = model.fitted_source
+        if self._fitted:
+            self._a = empty(b, action_width)
+            self._s = empty(b, action_width)
+            self._one_minus_t = empty(b, 1)
         self._inp = empty(b, in_width)
         self._pre = [empty(b, w) for w in widths]  # pre-activations h_k (the last one is the output)
         if exact:
@@ -213,7 +224,7 @@ class FusedStep:
         # The arithmetic after the draws as one compiled function (trainer.steps.compiled), when asked for
         # and possible: it gathers from the precomputed latents, and exact mode keeps ATen's kernels.
         self._compiled: FlatStep | None = None
-        if compiled and not exact and self._latents is not None:
+        if compiled and not exact and self._latents is not None and not self._fitted:
             flat_layout = FlatLayout(
                 blocks=tuple(
                     (off, tuple(shape)) for off, shape in zip(blocks.offsets, blocks.shapes, strict=True)
@@ -221,7 +232,7 @@ class FusedStep:
                 layers=tuple((index[id(lin.weight)], index[id(lin.bias)]) for lin in layout.linears),
                 size=blocks.size,
             )
-            self._compiled = compile_flat_step(layout.activations, self.obs_noise_scale, flat_layout)
+            self._compiled = compile_flat_step(layout.activations, flat_layout)
 
     @property
     def compiling(self) -> bool:
@@ -303,8 +314,11 @@ class FusedStep:
         else:
             t = self.time_distribution.sample(b, g, self.device, torch.float32)
         noise = None
-        if self._noise is not None:
+        if self._noise is not None and self._magnitude is not None:
+            # FlowModel.observation_noise, in place: ε·(m·scale)·noise_std.
+            magnitude = torch.rand(self._magnitude.shape, generator=g, out=self._magnitude)
             noise = torch.randn(self._noise.shape, generator=g, out=self._noise)
+            noise.mul_(magnitude.mul_(self.obs_noise_scale)).mul_(model.noise_std)
         metrics = self._compiled_metrics(idx, x0, t, noise) if self._compiled is not None else None
         if metrics is None:
             loss, divisor = self._eager_loss_and_grads(idx, x0, t, noise)
@@ -372,10 +386,19 @@ class FusedStep:
             torch.sub(model.encoder(obs), model.latent_mean, out=z)
             z.div_(model.latent_std)
         x1 = torch.index_select(self._x1, 0, idx, out=self._x1b)
-        target = torch.sub(x1, x0, out=self._target)
-        xt = torch.addcmul(x0, t, target, out=self._xt)
+        if self._fitted:
+            # trainer.flow.interpolate_fitted: a = (1 - t)·σ, s = a + t, x_t = (a·x0 + t·x1)/s,
+            # target = (x1 - x0)·σ/(s·s), the same operations in the same order.
+            one_minus_t = torch.sub(1.0, t, out=self._one_minus_t)
+            a = torch.mul(one_minus_t, model.source_std, out=self._a)
+            s = torch.add(a, t, out=self._s)
+            xt = torch.addcmul(torch.mul(a, x0, out=self._xt), t, x1, out=self._xt).div_(s)
+            target = torch.sub(x1, x0, out=self._target).mul_(model.source_std).div_(s.mul_(s))
+        else:
+            target = torch.sub(x1, x0, out=self._target)
+            xt = torch.addcmul(x0, t, target, out=self._xt)
         if noise is not None:
-            z.add_(noise.mul_(self.obs_noise_scale))
+            z.add_(noise)
         xs = torch.sub(xt, model.x_mean, out=self._xs).div_(model.x_std)
         torch.cat((z, xs, t), 1, out=self._inp)
 
