@@ -209,9 +209,10 @@ def attach_command(
     return [sys.executable, str(script), *(item for item in format_launch_argv(args) if item)]
 
 
-def offline_command(materials: Path) -> list[str]:
-    """``python -m trainer.cli offline <TrainingMaterials/<stamp>>`` (run with ``cwd=REPO_ROOT``)."""
-    return [sys.executable, "-m", "trainer.cli", "offline", str(materials)]
+def offline_command(materials: Path, out: Path) -> list[str]:
+    """``python -m trainer offline <TrainingMaterials/<stamp>> --out <out>``: the trained networks go to
+    ``<out>/Networks`` (the export keeps its initial ones)."""
+    return [sys.executable, "-m", "trainer", "offline", str(materials), "--out", str(out)]
 
 
 class TrainerProcess:

@@ -1,14 +1,16 @@
 """``la-trainer``: the human-friendly command line (click).
 
-The engine uses ``scripts/train.py`` with its own grammar; people use these subcommands. Options that a
-user sets per machine rather than per run can also come from ``LA_TRAINER_*`` environment variables.
+The engine uses ``scripts/train.py`` with its own grammar; people use these subcommands. Every value is
+checked before anything slow happens (no torch import, no link opened): a wrong input ends within a
+second with exit code 2 and one paragraph naming the value, what is accepted and how to fix it (README,
+"Exit codes"). Options come from the command line, ``LA_TRAINER_<NAME>`` environment variables and
+``la-trainer.json`` (:mod:`trainer.options`, the one namespace; click reads no environment itself).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
@@ -16,31 +18,32 @@ from typing import Any, ClassVar
 import click
 
 from trainer import __version__
-from trainer.exitcodes import ExitCode
 
-__all__ = ["main"]
-
-_OPTION_HELP = "See README, 'Trainer options'."
+__all__ = ["main", "training_options", "training_overrides"]
 
 
-def _common_training_options(func: Any) -> Any:
-    """Options shared by every training subcommand (each also settable as LA_TRAINER_<NAME>)."""
+def training_options(func: Any) -> Any:
+    """Options shared by every training subcommand. Each is also ``LA_TRAINER_<NAME>`` and a key of
+    ``la-trainer.json`` (README, "Trainer options"); values are checked by :mod:`trainer.options`."""
     decorators = [
         click.option(
             "--iterations",
             "iteration_num",
             type=int,
             default=None,
-            help="Override the config's IterationNum.",
+            help="Override the config's IterationNum (0: follow the config).",
         ),
         click.option(
-            "--device", type=str, default=None, help='Override the config\'s Device ("cpu", "cuda").'
+            "--device",
+            type=str,
+            default=None,
+            help="cpu, cuda, cuda:N or gpu (cuda when present, else the CPU); default: the config's Device.",
         ),
         click.option(
             "--sync-every-iterations",
             type=int,
             default=None,
-            help="Send networks back to the game every N iterations.",
+            help="Send networks back to the game every N iterations (0: by time only).",
         ),
         click.option(
             "--sync-every-seconds",
@@ -52,41 +55,58 @@ def _common_training_options(func: Any) -> Any:
             "--ode-steps",
             type=int,
             default=None,
-            help="Euler steps the game uses (ODEStepsNum); enables few-step distillation.",
+            help="Euler steps the game uses (ODEStepsNum, 1-100); enables few-step distillation.",
         ),
         click.option(
             "--time-distribution",
             type=str,
             default=None,
-            help="t distribution: uniform | beta:a,b | logit_normal:m,s | power:k.",
+            help="t distribution: uniform | beta:A,B | logit_normal[:LOC,SCALE] | power:K.",
         ),
         click.option("--threads", type=int, default=None, help="torch CPU threads (0: automatic)."),
         click.option(
             "--compile",
-            type=click.Choice(["on", "off"]),
+            type=str,
             default=None,
-            help="torch.compile the training step (needs a C++ compiler or Triton; default off).",
+            help="on|off: torch.compile the training step (needs a C++ compiler or Triton; default off).",
         ),
         click.option("--resume/--no-resume", default=None, help="Resume from the last checkpoint."),
+        click.option(
+            "--tensorboard/--no-tensorboard",
+            default=None,
+            help="Write TensorBoard logs (also switched on by the engine's UseTensorBoard).",
+        ),
+        click.option(
+            "--mlflow",
+            metavar="URI",
+            type=str,
+            default=None,
+            help="Log to MLflow at this tracking URI ('default': MLflow's own); also UseMLflow in Unreal.",
+        ),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
     return func
 
 
-def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "iteration_num",
-        "device",
-        "sync_every_iterations",
-        "sync_every_seconds",
-        "ode_steps",
-        "time_distribution",
-        "threads",
-        "compile",
-        "resume",
-    )
-    return {k: kwargs.pop(k) for k in keys if k in kwargs}
+_TRAINING_KEYS = (
+    "iteration_num",
+    "device",
+    "sync_every_iterations",
+    "sync_every_seconds",
+    "ode_steps",
+    "time_distribution",
+    "threads",
+    "compile",
+    "resume",
+    "tensorboard",
+    "mlflow",
+)
+
+
+def training_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The shared training options out of a command's keyword arguments (None: not given)."""
+    return {k: kwargs.pop(k) for k in _TRAINING_KEYS if k in kwargs}
 
 
 def _exit(code: int) -> None:
@@ -95,7 +115,13 @@ def _exit(code: int) -> None:
 
 class _LazyGroup(click.Group):
     """Subcommands defined in other modules, imported only when used, so ``la-trainer --help`` stays
-    fast (no torch or matplotlib import just to list commands)."""
+    fast (no torch or matplotlib import just to list commands). The game side's commands (``demo``,
+    ``bench``) are named by string: ``trainer`` never imports ``emulator``.
+
+    It is also where a refusal becomes a paragraph and an exit code: a :class:`trainer.errors.TrainerError`
+    or :class:`protocol.errors.ProtocolError` raised by any command (bad options, an empty folder, a
+    corrupt file) is printed as ``la-trainer: <paragraph>`` with its documented code, never a traceback.
+    """
 
     lazy: ClassVar[dict[str, tuple[str, str, str]]] = {
         "bench": (
@@ -108,7 +134,13 @@ class _LazyGroup(click.Group):
             "demo_command",
             "The whole loop on the built-in game emulator, with a report.",
         ),
+        "doctor": (
+            "trainer.doctor",
+            "doctor_command",
+            "Check this machine: Python, torch, GPU, shared memory, extras.",
+        ),
         "record": ("trainer.record_cli", "record_command", "Train from .record files and a recorder schema."),
+        "report": ("trainer.report", "report_command", "Draw a run's loss curve from its metrics log."),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -119,7 +151,14 @@ class _LazyGroup(click.Group):
             import importlib
 
             module_name, attribute, _ = self.lazy[cmd_name]
-            command = getattr(importlib.import_module(module_name), attribute)
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as error:
+                raise click.ClickException(
+                    f"'{cmd_name}' is not available in this installation ({error}). Reinstall la-trainer "
+                    "(pip install la-trainer) or run it from a checkout."
+                ) from None
+            command = getattr(module, attribute)
             if not isinstance(command, click.Command):
                 raise TypeError(f"{module_name}.{attribute} is not a click command")
             return command
@@ -138,11 +177,19 @@ class _LazyGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        from protocol.errors import ProtocolError
+        from trainer.errors import TrainerError, exit_code_for
 
-@click.group(
-    cls=_LazyGroup,
-    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "LA_TRAINER"},
-)
+        try:
+            return super().invoke(ctx)
+        except (TrainerError, ProtocolError) as error:
+            prefix = "" if isinstance(error, TrainerError) else f"{type(error).__name__}: "
+            click.echo(f"la-trainer: {prefix}{error}", err=True)
+            ctx.exit(int(exit_code_for(error)))
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="la-trainer")
 def main() -> None:
     """Flow-matching trainer for Unreal Engine Learning Agents.
@@ -150,10 +197,12 @@ def main() -> None:
     \b
     Examples:
       la-trainer demo                                  # the whole loop on the built-in emulator
+      la-trainer doctor                                # is this machine ready? (torch, GPU, extras)
       la-trainer shm ./MyTask --create                 # attach mode: prints the engine switches
       la-trainer socket --host 0.0.0.0 --port 48491    # serve a game on another machine
       la-trainer offline Intermediate/LearningCore/TrainingMaterials
-      la-trainer watch Intermediate/LearningCore/Training0
+      la-trainer watch Intermediate/LearningCore       # follow the newest run
+      la-trainer report Intermediate/LearningCore      # its loss curve as a PNG
     """
 
 
@@ -174,7 +223,7 @@ def main() -> None:
     default=None,
     help="Where the game writes its config JSONs (-LearningAgentsConfigPath); default TASK_DIR/Configs.",
 )
-@_common_training_options
+@training_options
 def shm_command(
     task_dir: Path, guid: str | None, create: bool, config_dir: Path | None, **kwargs: Any
 ) -> None:
@@ -190,7 +239,8 @@ def shm_command(
     from trainer.options import load_options
     from trainer.timeouts import Timeouts
 
-    overrides = _overrides(kwargs)
+    options = load_options(task_dir if task_dir.is_dir() else None, training_overrides(kwargs))
+    timeouts = Timeouts.from_env()
     if guid is None:
         if not create:
             raise click.UsageError("--guid is required unless --create makes a new control block.")
@@ -219,8 +269,6 @@ def shm_command(
             task_dir=str(task_dir), controls_guid=guid, create_mem=create, make_task_dir=True, num_processes=1
         ),
     )
-    options = load_options(task_dir, overrides)
-    timeouts = Timeouts.from_env()
     _exit(
         run_with_link(
             lambda flag: open_link_for_launch(args, timeouts, config_dir, flag),
@@ -238,9 +286,10 @@ def shm_command(
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("la-trainer-runs"),
     show_default=True,
-    help="Where snapshots and status files go.",
+    help="Each run gets a folder External<N> here (status, snapshots, run record); la-trainer.json here "
+    "applies to every run.",
 )
-@_common_training_options
+@training_options
 def socket_command(host: str, port: int, temp_dir: Path, **kwargs: Any) -> None:
     """Train over TCP: this process listens, the game connects.
 
@@ -251,10 +300,13 @@ def socket_command(host: str, port: int, temp_dir: Path, **kwargs: Any) -> None:
     from protocol.argv import LaunchArgs, SocketArgs
     from trainer.app import open_link_for_launch, run_with_link
     from trainer.options import load_options
+    from trainer.runrecord import new_task_folder
     from trainer.timeouts import Timeouts
 
-    overrides = _overrides(kwargs)
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    options = load_options(None, training_overrides(kwargs), shared_dir=temp_dir if temp_dir.is_dir() else None)
+    timeouts = Timeouts.from_env()
+    task_dir = new_task_folder(temp_dir, "External")
+    click.echo(f"Run folder: {task_dir}")
     click.echo("Start the game with these command-line switches:")
     shown_host = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
     click.echo(
@@ -269,73 +321,87 @@ def socket_command(host: str, port: int, temp_dir: Path, **kwargs: Any) -> None:
         nne_cpu_path=None,
         mode=SocketArgs(host=host, port=port, temp_directory=str(temp_dir), num_processes=1),
     )
-    options = load_options(temp_dir, overrides)
-    timeouts = Timeouts.from_env()
     _exit(
         run_with_link(
-            lambda flag: open_link_for_launch(args, timeouts, None, flag), options=options, task_dir=temp_dir
+            lambda flag: open_link_for_launch(args, timeouts, None, flag), options=options, task_dir=task_dir
         )
     )
 
 
 @main.command("offline")
 @click.argument("materials", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@_common_training_options
-def offline_command(materials: Path, **kwargs: Any) -> None:
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder for the trained networks, status and run record (default: a new Offline<N> folder "
+    "beside the engine's task folders). The export itself is never written to.",
+)
+@training_options
+def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     """Train from the engine's exported TrainingMaterials folder.
 
-    Writes the trained Networks/network_<id>.bin next to the received ones (same size and header).
+    Writes the trained OUT/Networks/network_<id>.bin (same sizes and headers as the exported ones) and
+    names them on exit; the export keeps its initial networks, so every run starts from them.
 
     \b
     Example:
       la-trainer offline MyProject/Intermediate/LearningCore/TrainingMaterials
     """
     from trainer.app import run_with_link
-    from trainer.links import FileTrainerLink
+    from trainer.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
     from trainer.options import load_options
+    from trainer.runrecord import new_task_folder
     from trainer.transport.files import find_training_materials
 
-    overrides = _overrides(kwargs)
+    overrides = training_overrides(kwargs)
+    # The values first (a typo must not wait for the folder checks), then with the export's settings file.
+    load_options(None, overrides)
     folder = find_training_materials(materials)
-    options = load_options(folder, overrides)
-    _exit(run_with_link(lambda flag: FileTrainerLink(folder), options=options, task_dir=folder))
+    options = load_options(folder, overrides, warn=lambda _: None)  # warned once already
+    if out is None:
+        out = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
+    link = FileTrainerLink(folder, output_dir=out)  # refuses an export as the output folder
+    out.mkdir(parents=True, exist_ok=True)
+    click.echo(f"la-trainer: training from {folder}; outputs in {out}")
+    _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
 
 
 @main.command("watch")
-@click.argument("task_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
-@click.option("--once", is_flag=True, help="Print the status once and exit.")
-def watch_command(task_dir: Path, interval: float, once: bool) -> None:
-    """Show live progress of a run (reads TASK_DIR/la-trainer-status.msgpack).
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--interval",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.05),
+    help="Seconds between refreshes.",
+)
+@click.option(
+    "--once", is_flag=True, help="Print the status once; exit 0 only for a healthy running or completed run."
+)
+@click.option(
+    "--max-age",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="Seconds without a status update after which a run counts as stale (a live trainer writes every 10 s).",
+)
+def watch_command(path: Path, interval: float, once: bool, max_age: float) -> None:
+    """Follow a run: a task folder, the engine's LearningCore folder or the project's Intermediate folder
+    (the newest run below it is followed).
+
+    Redraws one line on a terminal and ends with the run. Exit code: 0 running or completed; the run's
+    own exit code when it ended otherwise (8 interrupted, 9 diverged, ...); 11 stale (no update for
+    --max-age seconds); 12 dead (the trainer is gone without recording an end); 2 no run found.
 
     \b
-    Example:
-      la-trainer watch MyProject/Intermediate/LearningCore/Training0
+    Examples:
+      la-trainer watch MyProject/Intermediate/LearningCore
+      la-trainer watch /runs --once --max-age 120      # a health check
     """
-    from trainer.progress import STATUS_FILE_NAME, read_status
+    from trainer.watch import watch
 
-    path = task_dir / STATUS_FILE_NAME
-    while True:
-        if path.is_file():
-            try:
-                status = read_status(path)
-            except (OSError, ValueError) as error:
-                click.echo(f"status file unreadable: {error}")
-            else:
-                pct = 100.0 * status.iteration / status.total if status.total else 0.0
-                age = time.time() - status.updated
-                click.echo(
-                    f"{status.phase}: iteration {status.iteration}/{status.total} ({pct:.1f}%) "
-                    f"loss {status.loss:.5f} {status.iterations_per_second:,.0f} it/s syncs {status.syncs} "
-                    f"(pid {status.pid}, updated {age:.0f}s ago) {status.message}"
-                )
-                if once or status.phase in ("complete", "stopped", "failed"):
-                    return
-        else:
-            click.echo(f"waiting for {path} ...")
-            if once:
-                _exit(ExitCode.USAGE)
-        time.sleep(interval)
+    _exit(watch(path, interval=interval, once=once, max_age=max_age))
 
 
 if __name__ == "__main__":

@@ -36,3 +36,8 @@ class ExitCode(IntEnum):
     """The loss became NaN/Inf; the last good weights were kept and sent."""
     RESUME_REFUSED = 10
     """A resume was asked for but the checkpoint does not match the networks or config."""
+    RUN_STALE = 11
+    """``la-trainer watch``: the run's status file was not updated for ``--max-age`` seconds (the trainer is
+    frozen, or gone on another machine)."""
+    RUN_DEAD = 12
+    """``la-trainer watch``: the trainer process is gone without having recorded an end (killed)."""

@@ -194,6 +194,9 @@ class ProgressReporter:
             started=time.time(),
             progress_every_s=every_s,
         )
+        self._latest: tuple[int, float] | None = None
+        """The newest (iteration, loss) seen by :meth:`update`, written with the next status (every call
+        stores it; only a due line writes the file)."""
         self._warned = False
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -212,11 +215,15 @@ class ProgressReporter:
         self.close()
 
     def close(self) -> None:
-        """Stop the heartbeat (the file keeps its last content; a caller records a failure after this)."""
+        """Stop the heartbeat and write the newest iteration and loss once more (a run that ends with an
+        error keeps where it was; the caller records the failure after this)."""
+        finished = self._closed.is_set()
         self._closed.set()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5.0)
             self._heartbeat = None
+        if not finished:
+            self._write_status()
 
     def _beat(self, period: float) -> None:
         while not self._closed.wait(period):
@@ -252,6 +259,7 @@ class ProgressReporter:
 
     def update(self, iteration: int, loss: float, *, force: bool = False) -> None:
         """Called every iteration with the latest (smoothed) loss; cheap unless a line is due."""
+        self._latest = (iteration, loss)
         now = time.perf_counter()
         if not force and now - self._last < (0.2 if self.tty else self.every_s):
             return
@@ -301,6 +309,8 @@ class ProgressReporter:
             return
         with self._lock:
             status = dataclasses.replace(self._status, updated=time.time())
+            if self._latest is not None and not status.phase.final:
+                status.iteration, status.loss = self._latest
             try:
                 write_status(self.status_path, status)
             except OSError as error:

@@ -3,9 +3,11 @@
 The recorder's files hold only data, so this builds what ``BeginTraining`` would (spec §5.3, §6.3): the
 replay buffer (one episode per record), the engine's configs and the three initial networks from the
 schema JSON the recorder writes (``{"ObservationSchema": ..., "ActionSchema": ...}``, spec §5.1), with
-:mod:`protocol.engine`. It writes them as a ``TrainingMaterials`` export (spec §5.5) and trains that
-folder offline, so the output is exactly what ``la-trainer offline`` produces:
-``Networks/network_<id>.bin`` snapshots.
+:mod:`protocol.engine`. It writes them as a ``TrainingMaterials`` export (spec §5.5) under ``--out`` and
+trains that folder offline, so the output is exactly what ``la-trainer offline`` produces:
+``<out>/Offline<N>/Networks/network_<id>.bin`` snapshots (the export keeps its initial networks). The
+training options are the shared ones of every training command (``--iterations``, ``--device``, ...;
+:mod:`trainer.options`), checked before any file is read.
 
 Refusals exit with the documented codes (README, "Exit codes"): an unreadable file or a ``--schema`` file
 that is not the recorder's schema file is a usage error (2); records or schemas that cannot be trained
@@ -19,6 +21,7 @@ import sys
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -34,12 +37,18 @@ from protocol.engine.export import TRAINING_MATERIALS_DIR, encode_training_mater
 from protocol.errors import ProtocolError
 from protocol.record import Record, read_records, records_to_replay_buffer
 from trainer.app import run_with_link
+from trainer.cli import training_options, training_overrides
 from trainer.exitcodes import ExitCode
-from trainer.links import FileTrainerLink
+from trainer.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
 from trainer.options import load_options
+from trainer.runrecord import new_task_folder
 from trainer.transport.atomic import atomic_write
 
-__all__ = ["RecordBadData", "RecordUsageError", "record_command"]
+__all__ = ["RECORD_ITERATIONS", "RecordBadData", "RecordUsageError", "record_command"]
+
+RECORD_ITERATIONS = 20000
+"""IterationNum of the generated trainer config unless ``--iterations`` says otherwise (the engine's
+default of 1,000,000 is meant for a game that keeps running; 20k trains the demo tasks well)."""
 
 
 class RecordUsageError(click.ClickException):
@@ -91,27 +100,29 @@ def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("la-trainer-record"),
     show_default=True,
-    help="Folder for the TrainingMaterials export and the trained networks.",
+    help="Folder for the TrainingMaterials export and the trained networks (in a new Offline<N> folder).",
 )
-@click.option("--iterations", type=int, default=20000, show_default=True, help="IterationNum.")
-@click.option("--batch-size", type=int, default=256, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--learning-rate", type=float, default=1e-4, show_default=True)
 @click.option("--seed", type=int, default=1234, show_default=True)
 @click.option(
-    "--hidden-layers", type=int, default=1, show_default=True, help="HiddenLayerNum (engine default 1)."
+    "--hidden-layers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="HiddenLayerNum (engine default 1).",
 )
-@click.option("--hidden-size", type=int, default=128, show_default=True, help="HiddenLayerSize.")
-@click.option("--activation", type=click.Choice(ACTIVATION_FUNCTIONS), default="ELU", show_default=True)
-@click.option("--chunk", type=int, default=1, show_default=True, help="ActionChunkSize.")
-@click.option("--embed/--no-embed", default=True, show_default=True, help="EmbedNormalizationsInWeights.")
 @click.option(
-    "--device", type=str, default="GPU", show_default=True, help='"GPU" (falls back to CPU) or "CPU".'
+    "--hidden-size", type=click.IntRange(min=1), default=128, show_default=True, help="HiddenLayerSize."
 )
+@click.option("--activation", type=click.Choice(ACTIVATION_FUNCTIONS), default="ELU", show_default=True)
+@click.option("--chunk", type=click.IntRange(min=1), default=1, show_default=True, help="ActionChunkSize.")
+@click.option("--embed/--no-embed", default=True, show_default=True, help="EmbedNormalizationsInWeights.")
+@training_options
 def record_command(
     records: tuple[Path, ...],
     schema_path: Path,
     out: Path,
-    iterations: int,
     batch_size: int,
     learning_rate: float,
     seed: int,
@@ -120,7 +131,7 @@ def record_command(
     activation: str,
     chunk: int,
     embed: bool,
-    device: str,
+    **kwargs: Any,
 ) -> None:
     """Train from .record files and a recorder schema file.
 
@@ -128,6 +139,8 @@ def record_command(
     Example:
       la-trainer record Saved/Recordings/*.record --schema Saved/Recordings/schema.json --out runs/rec1
     """
+    overrides = training_overrides(kwargs)
+    load_options(None, overrides)  # refuse a bad value before reading any file
     obs_schema, act_schema = _load_schemas(schema_path)
     all_records: list[Record] = []
     for path in records:
@@ -147,10 +160,12 @@ def record_command(
     trainer = TrainerConfig(
         time_stamp=format_time_stamp(now),
         training=FlowMatchingTrainingSettings(
-            iteration_num=iterations, learning_rate=learning_rate, batch_size=batch_size, seed=seed
+            iteration_num=int(overrides.get("iteration_num") or RECORD_ITERATIONS),
+            learning_rate=learning_rate,
+            batch_size=batch_size,
+            seed=seed,
         ),
         embed_normalizations_in_weights=embed,
-        device=device,
         # The engine writes its IntermediatePath here; ours is the --out folder that holds the export.
         temp_directory=str(out.resolve()),
     )
@@ -175,10 +190,8 @@ def record_command(
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, data)
     click.echo(f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}")
-    options = load_options(folder)
-    code = run_with_link(lambda flag: FileTrainerLink(folder), options=options, task_dir=folder)
-    if code == 0:
-        click.echo(
-            f"la-trainer: trained networks in {folder / 'Networks'} (network_0.bin denoiser, 1 encoder, 2 decoder)"
-        )
-    sys.exit(code)
+    options = load_options(folder, overrides, warn=lambda _: None)  # warned once already
+    output = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
+    link = FileTrainerLink(folder, output_dir=output)
+    click.echo(f"la-trainer: training; outputs in {output}")
+    sys.exit(run_with_link(lambda flag: link, options=options, task_dir=output))

@@ -293,7 +293,8 @@ class _Session:
             config, dict(enumerate(snapshots)), self.task.replay_buffer
         )
         record.export_dir = folder
-        proc = self._spawn(offline_command(folder), REPO_ROOT)
+        out = self.layout.intermediate_dir / "Offline0"  # what the trainer would choose by default
+        proc = self._spawn(offline_command(folder, out), REPO_ROOT)
         # Offline, nothing waits on the trainer but the user: only the watchdog's bound applies.
         code = proc.wait(s.hard_timeout_s)
         record.exit_code = code
@@ -302,7 +303,7 @@ class _Session:
         if code != 0:
             raise _HarnessFailure(f"the offline trainer exited with code {code}")
         assert record.config is not None
-        networks = FileExport.read_networks(folder, record.config)
+        networks = FileExport.read_networks(out, record.config)
         record.rounds.append(RoundRecord(0, self.now(), networks))
         record.completed = True
 

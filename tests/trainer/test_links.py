@@ -555,7 +555,8 @@ def test_socket_finish_is_bounded_when_the_game_never_closes(
 
 def test_file_link_session(tmp_path: Path) -> None:
     stamp = write_export(tmp_path / "TrainingMaterials" / "20250101120000")
-    link = FileTrainerLink(tmp_path / "TrainingMaterials")
+    out = tmp_path / "Offline0"
+    link = FileTrainerLink(tmp_path / "TrainingMaterials", output_dir=out)
     assert link.folder == stamp
     cfg = link.receive_config()
     assert cfg.replay_buffer(0).max_step_num == 20
@@ -568,7 +569,8 @@ def test_file_link_session(tmp_path: Path) -> None:
     link.send_complete()
     link.finish(1)
     link.close()
-    assert {nid: network_path(stamp, nid).read_bytes() for nid in NETWORK_IDS} == trained(0)
+    assert {nid: network_path(out, nid).read_bytes() for nid in NETWORK_IDS} == trained(0)
+    assert {nid: network_path(stamp, nid).read_bytes() for nid in NETWORK_IDS} == sample_networks()
 
 
 def test_file_link_output_dir(tmp_path: Path) -> None:
@@ -584,7 +586,7 @@ def test_file_link_output_dir(tmp_path: Path) -> None:
 def test_snapshot_of_another_size_is_refused(tmp_path: Path) -> None:
     from trainer.errors import BadData
 
-    link = FileTrainerLink(write_export(tmp_path / "20250101120000"))
+    link = FileTrainerLink(write_export(tmp_path / "20250101120000"), output_dir=tmp_path / "out")
     link.receive_config()
     with pytest.raises(BadData):
         link.send_network(0, b"short", 1)

@@ -103,10 +103,14 @@ def test_record_trains_an_export_of_the_recording(tmp_path: Path) -> None:
     assert trainer_config["TempDirectory"] == str(out.resolve())
     assert trainer_config["FlowMatchingTrainingSettings"]["IterationNum"] == 30
     model_config = json.loads((folder / "Networks/model-config.json").read_text())
+    trained = out / "Offline0"  # the export keeps its initial networks; the outputs go to a new folder
+    assert str(trained / "Networks") in done.stdout  # named on exit
     for network in model_config["Networks"]:
-        data = (folder / f"Networks/network_{network['Id']}.bin").read_bytes()
-        assert len(data) == network["MaxByteNum"]  # trained in place, same sizes and headers
-    denoiser = read_snapshot_header((folder / "Networks/network_0.bin").read_bytes())
+        initial = (folder / f"Networks/network_{network['Id']}.bin").read_bytes()
+        data = (trained / f"Networks/network_{network['Id']}.bin").read_bytes()
+        assert len(data) == len(initial) == network["MaxByteNum"]  # same sizes and headers
+    assert (trained / "Networks/network_0.bin").read_bytes() != (folder / "Networks/network_0.bin").read_bytes()
+    denoiser = read_snapshot_header((trained / "Networks/network_0.bin").read_bytes())
     assert (denoiser.input_size, denoiser.output_size) == (3 + 2 + 1, 2)
 
 
