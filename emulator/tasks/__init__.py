@@ -1,6 +1,7 @@
-"""Benchmark tasks B1-B3 (``shared/benchmarks.md``): data, scripted experts, metrics, closed-loop worlds.
+"""Benchmark tasks B1-B3 (``shared/benchmarks.md``) and B4 (``sensors``: B3 through an Encoding
+observation): data, scripted experts, metrics, closed-loop worlds.
 
-Each task module (``bimodal``, ``avoid``, ``pendulum``) exposes:
+Each task module (``bimodal``, ``avoid``, ``pendulum``, ``sensors``) exposes:
 
 * ``OBSERVATION_SCHEMA`` / ``ACTION_SCHEMA``: the schema JSON objects exactly as the engine writes them
   (spec §4.4, §10 item 4), ready for :func:`protocol.schema.parse_schema`;
@@ -42,7 +43,7 @@ IntArray = npt.NDArray[np.int32]
 Policy = Callable[[FloatArray], FloatArray]
 """A batched policy: observations ``(B, ObsDim)`` -> actions ``(B, ActDim)`` (float32)."""
 
-TASK_NAMES = ("bimodal", "avoid", "pendulum")
+TASK_NAMES = ("bimodal", "avoid", "pendulum", "sensors")
 
 
 def task_rng(seed: int, stream: int) -> np.random.Generator:

@@ -1,4 +1,5 @@
-"""Benchmark tasks B1-B3 (shared/benchmarks.md): schemas, demonstrations, experts, metrics, worlds."""
+"""Benchmark tasks B1-B4 (shared/benchmarks.md; B4 = B3 through an Encoding): schemas, demonstrations,
+experts, metrics, worlds."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from emulator.tasks import (
     bimodal,
     get_task,
     pendulum,
+    sensors,
 )
+from protocol.engine.networks import build_encoder
 from protocol.schema import parse_schema
 
 # --------------------------------------------------------------------------------------------------
@@ -30,6 +33,10 @@ def test_schemas_parse_with_engine_sizes(name: str) -> None:
     obs = parse_schema(dict(task.observation_schema), "observation", warnings=warnings)
     act = parse_schema(dict(task.action_schema), "action", warnings=warnings)
     assert warnings == []
+    if name == "sensors":  # B4: an Encoding of one Continuous leaf (checked below)
+        assert obs.type == "Encoding" and obs.element is not None
+        assert obs.encoded_size == sensors.ENCODING_SIZE and obs.vector_size == task.obs_dim
+        obs = obs.element
     assert obs.type == act.type == "Continuous"
     assert obs.vector_size == obs.encoded_size == obs.num == task.obs_dim
     # §10 item 4: DistributionSize = EncodedSize = 2·Num, ModifierSize = 1 + 2·Num.
@@ -111,6 +118,32 @@ def test_demonstrations_are_deterministic_per_seed(name: str) -> None:
     assert a.observations.tobytes() != c.observations.tobytes()
     assert a.observations.dtype == a.actions.dtype == np.float32
     assert a.observations.shape[1] == task.obs_dim and a.actions.shape[1] == task.act_dim
+
+
+# --------------------------------------------------------------------------------------------------
+# B4 sensors (B3 through an Encoding)
+
+
+def test_b4_is_b3_with_distractors_and_an_encoder_with_weights() -> None:
+    b3, b4 = pendulum.make_demonstrations(2, 4).flatten(), sensors.make_demonstrations(2, 4).flatten()
+    assert np.array_equal(b4.observations[:, :3], b3.observations)
+    assert np.array_equal(b4.actions, b3.actions)
+    noise = b4.observations[:, 3:]
+    assert noise.shape[1] == sensors.DISTRACTOR_NUM and abs(float(noise.std()) - 1.0) < 0.05
+    obs = parse_schema(sensors.OBSERVATION_SCHEMA, "observation")
+    encoder = build_encoder(obs, np.random.default_rng(0))
+    assert encoder.input_size == 16 and encoder.output_size == sensors.ENCODING_SIZE
+    flat = parse_schema(sensors.FLAT_OBSERVATION_SCHEMA, "observation")
+    assert flat.type == "Continuous" and flat.vector_size == 16
+
+
+def test_b4_scores_the_expert_as_b3_does_whatever_the_distractors() -> None:
+    def expert(obs: np.ndarray) -> np.ndarray:
+        return pendulum.expert_policy(obs[:, :3])
+
+    b4 = sensors.evaluate_policy(expert, seed=1, episode_num=8)
+    b3 = pendulum.evaluate_policy(pendulum.expert_policy, seed=1, episode_num=8)
+    assert b4["score"] == pytest.approx(1.0) and b4["return"] == b3["return"]
 
 
 # --------------------------------------------------------------------------------------------------

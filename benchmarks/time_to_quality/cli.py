@@ -1,0 +1,113 @@
+"""``python -m benchmarks.time_to_quality``: run trainings (one JSON line each) and make the tables.
+
+Run (appends to ``--out``, one line per training, written as soon as it finishes)::
+
+    python -m benchmarks.time_to_quality run --tasks b1 b2 b3 --seeds 0 1 2 \\
+        --variants default engine-loop --lr 1e-3 --out benchmarks/results/ttq/report.jsonl
+
+``--iterations`` overrides a task's budget (the engine loop usually needs ``--reference-factor`` times
+more: it runs that many times the budget and stops at its target). Tables::
+
+    python -m benchmarks.time_to_quality table benchmarks/results/ttq/*.jsonl --lr 1e-3 1e-4
+
+Threads: one torch thread per process (the networks are small; set ``OMP_NUM_THREADS=1`` too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.time_to_quality.report import ablation_table, encoder_check, load_rows, time_table
+from benchmarks.time_to_quality.run import train_and_evaluate
+from benchmarks.time_to_quality.tasks import TASKS
+from benchmarks.time_to_quality.variants import ENGINE_LOOP, parse_variant
+
+__all__ = ["main"]
+
+REPORT_EVAL_SEED = 1000
+"""Evaluation seed of reported numbers (training seeds 0, 1, 2)."""
+TUNE_EVAL_SEED = 2000
+"""Evaluation seed while choosing settings (training seeds 100, 101): never used for reported numbers."""
+
+
+def _run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    variants = [parse_variant(text) for text in args.variants]
+    eval_seed = (
+        args.eval_seed
+        if args.eval_seed is not None
+        else (TUNE_EVAL_SEED if all(s >= 100 for s in args.seeds) else REPORT_EVAL_SEED)
+    )
+    for key in args.tasks:
+        task = TASKS[key]
+        for lr in args.lr:
+            for variant in variants:
+                reference = variant.name == ENGINE_LOOP.name
+                budget = args.iterations or task.budget
+                iterations = budget * args.reference_factor if reference else budget
+                for seed in args.seeds:
+                    row = train_and_evaluate(
+                        task,
+                        seed,
+                        variant,
+                        learning_rate=lr,
+                        iterations=iterations,
+                        eval_seed=eval_seed,
+                        stop_at_target=reference or args.stop_at_target,
+                        progress=args.progress,
+                    )
+                    with out.open("a", encoding="utf-8") as f:
+                        f.write(json.dumps(row) + "\n")
+                    reached = "not reached" if row["target_it"] is None else f"target at {row['target_it']}"
+                    print(f"{key} seed {seed} {variant.name} lr {lr:g}: {reached}", flush=True)
+    return 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    rows = load_rows(Path(p) for p in args.paths)
+    parts = [time_table(rows, lr) for lr in args.lr]
+    check = encoder_check(rows)
+    if check:
+        parts.append(check)
+    if args.ablation:
+        parts.append(ablation_table(rows))
+    text = "\n".join(parts)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.time_to_quality", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train and evaluate, one JSON line per training")
+    run.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["b1", "b2", "b3"])
+    run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    run.add_argument("--variants", nargs="+", default=["default", "engine-loop"])
+    run.add_argument("--lr", nargs="+", type=float, default=[1e-3])
+    run.add_argument("--iterations", type=int, default=0, help="0: each task's budget")
+    run.add_argument("--reference-factor", type=int, default=10, help="engine loop: this times the budget")
+    run.add_argument("--stop-at-target", action="store_true", help="every variant stops at its target")
+    run.add_argument("--eval-seed", type=int, default=None)
+    run.add_argument("--out", required=True)
+    run.add_argument("--progress", action="store_true")
+    table = sub.add_parser("table", help="markdown tables from result files")
+    table.add_argument("paths", nargs="+")
+    table.add_argument("--lr", nargs="+", type=float, default=[1e-3, 1e-4])
+    table.add_argument("--ablation", action="store_true", help="also every row tried")
+    table.add_argument("--out", default="")
+    args = parser.parse_args(argv)
+    return _run(args) if args.command == "run" else _table(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

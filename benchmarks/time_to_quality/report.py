@@ -1,0 +1,166 @@
+"""Tables from raw result rows (:func:`~.run.train_and_evaluate`, one JSON line each).
+
+* :func:`time_table`: per task, each variant's iterations and seconds to the targets, per seed and for
+  the slowest seed, with the engine loop's on the same seeds and the ratio between them;
+* :func:`ablation_table`: every row tried, with its settings, iterations to target and final metrics;
+* :func:`encoder_check`: B4's trained encoder against the flat schema's score, the frozen encoder beside.
+
+Seeds that never met the targets count as "not reached within" their run's iterations: the ratio to the
+engine loop is then a lower bound (``>``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.time_to_quality.tasks import TASKS
+
+__all__ = ["ablation_table", "encoder_check", "load_rows", "time_table"]
+
+Row = Mapping[str, Any]
+
+
+def load_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every JSON line of every file (blank lines skipped)."""
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        rows += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return rows
+
+
+def _final(row: Row) -> Mapping[str, float]:
+    return row["evals"][-1]["metrics"] if row["evals"] else {}
+
+
+def _slowest(rows: Sequence[Row]) -> tuple[int | None, float | None, int]:
+    """(iterations, seconds) to target of the slowest seed (None: some seed never reached it), and the
+    most iterations any of them ran (the bound when not reached)."""
+    ran = max(row["evals"][-1]["it"] if row["evals"] else 0 for row in rows)
+    if any(row["target_it"] is None for row in rows):
+        return None, None, ran
+    slowest = max(rows, key=lambda row: (row["target_it"], row["target_s"]))
+    return slowest["target_it"], slowest["target_s"], ran
+
+
+def _iterations(value: int | None, ran: int) -> str:
+    return f"> {ran:,}" if value is None else f"{value:,}"
+
+
+def time_table(rows: Sequence[Row], learning_rate: float, reference: str = "engine-loop") -> str:
+    """Markdown: per task, every variant run at ``learning_rate``, iterations/seconds to every target."""
+    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        if row["learning_rate"] == learning_rate:
+            groups[(row["task"], row["variant"])].append(row)
+    out: list[str] = []
+    for key, task in TASKS.items():
+        variants = sorted({v for (t, v) in groups if t == key}, key=lambda v: (v == reference, v))
+        if not variants:
+            continue
+        targets = " and ".join(str(t) for t in task.targets)
+        out += [
+            f"#### {task.title}: {targets} (budget {task.budget:,} iterations), lr {learning_rate:g}",
+            "",
+            "| variant | seeds | iterations to target per seed | slowest seed: iterations | seconds | "
+            f"x fewer than {reference} | lowest-seed final metrics |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        ref = groups.get((key, reference), [])
+        ref_it, _, ref_ran = _slowest(ref) if ref else (None, None, 0)
+        for variant in variants:
+            runs = sorted(groups[(key, variant)], key=lambda r: r["seed"])
+            slowest, seconds, ran = _slowest(runs)
+            per_seed = ", ".join(
+                f"s{r['seed']}: " + _iterations(r["target_it"], r["evals"][-1]["it"] if r["evals"] else 0)
+                for r in runs
+            )
+            finals = [_final(r) for r in runs]
+            lowest = ", ".join(
+                f"{t.metric} {min(f.get(t.metric, float('nan')) for f in finals):.3f}" for t in task.targets
+            )
+            ratio = "-"
+            if variant != reference and ref:
+                if slowest is None:
+                    ratio = "-"
+                elif ref_it is None:
+                    ratio = f"> {ref_ran / slowest:.1f}"
+                else:
+                    ratio = f"{ref_it / slowest:.1f}"
+            out.append(
+                f"| {variant} | {len(runs)} | {per_seed} | {_iterations(slowest, ran)} | "
+                f"{'-' if seconds is None else f'{seconds:.1f}'} | {ratio} | {lowest} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def ablation_table(rows: Sequence[Row]) -> str:
+    """Markdown: every row tried (the losers too), grouped by task, in the order they ran."""
+    out: list[str] = []
+    for key, task in TASKS.items():
+        mine = [r for r in rows if r["task"] == key]
+        if not mine:
+            continue
+        metrics = [t.metric for t in task.targets]
+        out += [
+            f"#### {task.title}",
+            "",
+            "| variant | settings | lr | seed | iterations | eval seed | to target | "
+            + " | ".join(metrics)
+            + " | curve (first target metric) | commit |",
+            "|---|---|---|---|---|---|---|" + "---|" * len(metrics) + "---|---|",
+        ]
+        for r in mine:
+            final = _final(r)
+            curve = " ".join(f"{e['it'] // 100 / 10:g}k:{e['metrics'][metrics[0]]:.2f}" for e in r["evals"])
+            settings = "; ".join(f"{k}={v}" for k, v in r["settings"].items())
+            reached = "-" if r["target_it"] is None else f"{r['target_it']:,}"
+            out.append(
+                f"| {r['variant']} | {settings} | {r['learning_rate']:g} | {r['seed']} | {r['iterations']:,} | "
+                f"{r['eval_seed']} | {reached} | "
+                + " | ".join(f"{final.get(m, float('nan')):.3f}" for m in metrics)
+                + f" | {curve} | {r['commit']} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def encoder_check(rows: Sequence[Row], tolerance: float = 0.02) -> str:
+    """Markdown: B4's final score per seed with the trained encoder, the frozen one and the flat schema;
+    the check is the trained encoder's lowest seed within ``tolerance`` of the flat schema's."""
+    by: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        if r["task"] in ("b4", "b4flat") and r["evals"]:
+            label = (
+                "flat schema"
+                if r["task"] == "b4flat"
+                else ("frozen encoder" if r["settings"].get("freeze_encoder") else "trained encoder")
+            )
+            if r["variant"] in ("default", "frozen-encoder"):
+                by[label][r["seed"]] = float(_final(r)["score"])
+    if not by:
+        return ""
+    seeds = sorted({s for scores in by.values() for s in scores})
+    out = [
+        "| B4 policy | " + " | ".join(f"score s{s}" for s in seeds) + " | lowest |",
+        "|---|" + "---|" * (len(seeds) + 1),
+    ]
+    for label in ("trained encoder", "frozen encoder", "flat schema"):
+        scores = by.get(label, {})
+        cells = [f"{scores[s]:.3f}" if s in scores else "-" for s in seeds]
+        out.append(
+            f"| {label} | " + " | ".join(cells) + f" | {min(scores.values(), default=float('nan')):.3f} |"
+        )
+    trained, flat = by.get("trained encoder", {}), by.get("flat schema", {})
+    if trained and flat:
+        gap = min(flat.values()) - min(trained.values())
+        verdict = "PASS" if gap <= tolerance else "FAIL"
+        out += [
+            "",
+            f"Trained encoder within {tolerance} of the flat schema (lowest seeds): gap {gap:+.3f}: {verdict}.",
+        ]
+    return "\n".join(out) + "\n"
