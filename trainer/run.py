@@ -70,7 +70,15 @@ def choose_device(config_device: str, override: str) -> torch.device:
     if lowered in ("gpu", "cuda") or lowered.startswith("cuda:"):
         if torch.cuda.is_available():
             return torch.device("cuda" if lowered in ("gpu", "cuda") else lowered)
-        log(f"warning: Device is {wanted!r} but CUDA is not available here; training on the CPU.")
+        if torch.version.cuda is None:
+            # The usual cause on a new machine: pip picked a CPU-only torch (PyPI's on Windows, or a
+            # CPU wheel index). Say so, and how to get a CUDA build.
+            from trainer.doctor import CUDA_HINT
+
+            why = f"this torch ({torch.__version__}) is a CPU-only build; {CUDA_HINT}"
+        else:
+            why = f"no CUDA device is visible to torch {torch.__version__} (driver? container --gpus?)"
+        log(f"warning: Device is {wanted!r} but CUDA is not available here: {why}. Training on the CPU.")
         return torch.device("cpu")
     if lowered == "cpu":
         return torch.device("cpu")

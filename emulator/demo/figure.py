@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from emulator.tasks.avoid import GAPS, GOAL_Y, MODE_NAMES, OBSTACLES
+from trainer.report import PLOTS_INSTALL_HINT, draw_loss_panel
 
 if TYPE_CHECKING:
     # Annotations only: the report module imports this one to draw its figure.
     from emulator.demo.report import DemoReport, Trajectories
 
 __all__ = ["PLOTS_INSTALL_HINT", "PlottingUnavailable", "render_figure"]
-
-PLOTS_INSTALL_HINT = "pip install 'la-trainer[plots]'  (or: pip install matplotlib)"
 
 _ROUTE_COLOURS = ("#1f77b4", "#17becf", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd")
 """One colour per route (mode index order of :data:`MODE_NAMES`): blues/green for the left side of the
@@ -130,33 +129,18 @@ def _draw_loss(ax: Any, curve: Sequence[tuple[int, float]], training: Mapping[st
     reached = isinstance(distill, int) and not (isinstance(done, int) and done < distill)
     start = distill if reached and isinstance(distill, int) else None
     # From ``start`` on the trainer prints the few-step distillation loss: another objective on another
-    # scale, so it gets its own colour rather than looking like a sudden improvement.
-    phases = [
-        ("flow matching", "#1f77b4", [p for p in points if start is None or p[0] < start]),
-        ("distillation", "#ff7f0e", [p for p in points if start is not None and p[0] >= start]),
-    ]
-    for label, colour, part in phases:
-        if part:
-            its, losses = zip(*part, strict=True)
-            ax.plot(its, losses, color=colour, linewidth=1.5, label=label)
-    if points:
-        ax.set_yscale("log")
-        if start is not None:
-            ax.legend(loc="upper right", fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no loss values reported", ha="center", va="center", transform=ax.transAxes)
+    # scale, so it is its own series (trainer.report's loss panel, the one ``la-trainer report`` draws).
+    series = {
+        "flow_matching": [p for p in points if start is None or p[0] < start],
+        "distillation": [p for p in points if start is not None and p[0] >= start],
+    }
     planned = training.get("iterations_planned")
-    if isinstance(planned, int) and planned > 0:
-        ax.set_xlim(0, planned)
+    draw_loss_panel(ax, series, total=planned if isinstance(planned, int) and planned > 0 else None)
     if start is not None:
         _marker(ax, start, 0.02, "distillation", "#7f7f7f", ":", "bottom")
     stopped = training.get("stopped_early")
     if isinstance(stopped, str) and stopped != "no" and isinstance(done, int):
         _marker(ax, done, 0.98 if start is None else 0.85, f"stopped: {stopped}", "#d62728", "--", "top")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("training loss (smoothed)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.set_title("training loss", fontsize=10)
 
 
 def render_figure(report: DemoReport, path: Path) -> None:
