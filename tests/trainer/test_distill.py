@@ -224,10 +224,14 @@ def test_distilled_few_step_sampler_is_bimodal_where_the_plain_one_collapses(ste
     data = two_mode_data(2000)
     student = toy_model(data, hidden=64)
     distil(
-        student, data, DistillSettings(steps, teacher_steps=8, fm_weight=0.0), 250, lr=5e-3, teacher=teacher
+        student, data, DistillSettings(steps, teacher_steps=8, fm_weight=0.0), 400, lr=5e-3, teacher=teacher
     )
     near, positive = on_mode(engine_samples(student, obs, x0, steps))
-    assert near > 0.8, near  # a sharp two-valued map of x0 takes a 1-D MLP a few hundred steps
+    # A sharp two-valued map of x0 takes a 1-D MLP a few hundred steps. Seed-robust margin: over ten seed
+    # sets (data, student init, distillation draws and x0 seeds k, 2 + k, k, 11 + 100k; k = 0..9) the
+    # 400-step student measured near 0.872-0.921 (N = 1) and 0.859-0.920 (N = 2), positive 0.484-0.535.
+    # (At 250 steps N = 2 ranged 0.674-0.892, so a 0.8 bound there held at some seeds only.)
+    assert near > 0.8, near
     assert 0.4 < positive < 0.6, positive  # both modes, in about equal shares
 
 
