@@ -34,7 +34,7 @@ from trainer.model import FlowModel, ModelSettings
 from trainer.options import TrainerOptions
 from trainer.progress import log
 from trainer.steps import GradientAveraging, Phase, StepInputs, TrainingStep, choose_step
-from trainer.steps.autograd import BatchSampler, make_optimizer
+from trainer.steps.autograd import BatchSampler, make_optimizer, set_learning_rate
 from trainer.steps.compiled import compile_wanted
 from trainer.steps.distill import RECOMMENDED_ITERATIONS, DistillSettings, distill_iterations
 
@@ -123,7 +123,7 @@ class TrainingJob:
         for note in placement.notes:
             log(f"la-trainer: note: {note}")
         tensors = model.tensor_data(data)
-        optimizer = make_optimizer(model, training.learning_rate, training.weight_decay)
+        optimizer = make_optimizer(model, training.learning_rate, training.weight_decay, options.layer_lr)
         sampler = BatchSampler(tensors, training.batch_size, generator)
         try:
             time_distribution = TimeDistribution.parse(options.time_distribution)
@@ -197,9 +197,9 @@ class TrainingJob:
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(dict(state.optimizer))
         training = self.config.trainer.training
+        # The config of this run wins for the knobs a user may change between crash and resume.
+        set_learning_rate(self.optimizer, training.learning_rate)
         for group in self.optimizer.param_groups:
-            # The config of this run wins for the knobs a user may change between crash and resume.
-            group["lr"] = training.learning_rate
             group["weight_decay"] = training.weight_decay
         if state.generator_device == self.generator.device.type:
             self.generator.set_state(state.generator)
@@ -260,6 +260,7 @@ class TrainingJob:
             obs_noise_scale=training.observation_noise_scale,
             learning_rate=training.learning_rate,
             weight_decay=training.weight_decay,
+            layer_lr=self.options.layer_lr,
             device=self.device,
             compile=self.options.compile,
             ode_steps=self.options.ode_steps,

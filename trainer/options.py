@@ -173,6 +173,11 @@ class TrainerOptions:
         0.999, "a number from 0 (no EMA) up to but not including 1", lambda v: 0 <= v < 1
     )
     """Exponential moving average of the weights used for every export (0 disables)."""
+    layer_lr: str = _option(
+        "same", "same or fan_in", lambda v: v in ("same", "fan_in"), normalize=lambda s: s.strip().lower()
+    )
+    """Per-layer learning rate: same (every weight at LearningRate, the engine's trainers) or fan_in (each
+    Linear layer at LearningRate * max(1, outputs / inputs); trainer/steps/autograd.py layer_lr_scale)."""
     ode_steps: int = _option(
         0,
         "a whole number from 0 to 100 (the game's ODEStepsNum; 0: no few-step distillation)",

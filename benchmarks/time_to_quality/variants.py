@@ -24,7 +24,7 @@ __all__ = [
     "parse_variant",
 ]
 
-TRAINING_KNOBS = frozenset({"time_distribution", "ema_decay", "ode_steps", "distill_fraction"})
+TRAINING_KNOBS = frozenset({"time_distribution", "ema_decay", "layer_lr", "ode_steps", "distill_fraction"})
 """Options that change what is trained or how (the engine loop pins each of them)."""
 OTHER_KNOBS = frozenset(
     {
@@ -49,11 +49,12 @@ OTHER_KNOBS = frozenset(
 ENGINE_LOOP_OPTIONS: Mapping[str, object] = {
     "time_distribution": "uniform",
     "ema_decay": 0.0,
+    "layer_lr": "same",
     "ode_steps": 0,
     "distill_fraction": 0.25,
 }
-"""The engine's own loop as far as the engine says (spec §6.4, §7.2): t ~ U[0, 1), no EMA, no few-step
-distillation. AdamW with amsgrad at the config's learning rate and weight decay, constant, is what
+"""The engine's own loop as far as the engine says (spec §6.4, §7.2): t ~ U[0, 1), no EMA, one learning
+rate for every weight, no few-step distillation. AdamW with amsgrad at the config's learning rate and weight decay, constant, is what
 every variant's optimiser is."""
 
 

@@ -28,11 +28,17 @@ from trainer.steps.mlp import parse_mlp
 
 
 def reference_run(
-    model: FlowModel, data: TrainingData, steps: int, seed: int, time: TimeDistribution, noise: float
+    model: FlowModel,
+    data: TrainingData,
+    steps: int,
+    seed: int,
+    time: TimeDistribution,
+    noise: float,
+    layer_lr: str = "same",
 ) -> tuple[list[float], torch.optim.Optimizer, torch.Generator]:
     generator = torch.Generator().manual_seed(seed)
     sampler = BatchSampler(model.tensor_data(data), BATCH, generator)
-    optimizer = make_optimizer(model, 3e-3, 1e-3)
+    optimizer = make_optimizer(model, 3e-3, 1e-3, layer_lr)
     losses = [
         train_step(model, optimizer, sampler.next(), generator, time, noise, i).loss for i in range(steps)
     ]
@@ -48,18 +54,26 @@ def fused_run(
     noise: float,
     *,
     exact: bool,
+    layer_lr: str = "same",
 ) -> tuple[list[float], torch.optim.Optimizer, torch.Generator]:
-    fused, optimizer, generator = build_fused(model, data, seed, time, noise, exact=exact)
+    fused, optimizer, generator = build_fused(model, data, seed, time, noise, exact=exact, layer_lr=layer_lr)
     losses = [fused.step(i).loss for i in range(steps)]
     return losses, optimizer, generator
 
 
 def build_fused(
-    model: FlowModel, data: TrainingData, seed: int, time: TimeDistribution, noise: float, *, exact: bool
+    model: FlowModel,
+    data: TrainingData,
+    seed: int,
+    time: TimeDistribution,
+    noise: float,
+    *,
+    exact: bool,
+    layer_lr: str = "same",
 ) -> tuple[FusedStep, torch.optim.Optimizer, torch.Generator]:
     """A fused step on ``model`` with the tests' optimiser settings and a generator seeded ``seed``."""
     generator = torch.Generator().manual_seed(seed)
-    optimizer = make_optimizer(model, 3e-3, 1e-3)
+    optimizer = make_optimizer(model, 3e-3, 1e-3, layer_lr)
     fused = FusedStep.build(
         model, optimizer, model.tensor_data(data), BATCH, generator, time, noise, exact=exact
     )
@@ -148,6 +162,18 @@ def test_exact_mode_is_bitwise_with_masked_noise_and_the_fitted_source(embed: bo
     _, ref_opt, ref_gen = reference_run(ref_model, data, 25, 4, time, 0.3)
     _, opt, gen = fused_run(fused_model, data, 25, 4, time, 0.3, exact=True)
     assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=True)
+    assert torch.equal(ref_gen.get_state(), gen.get_state())
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_per_layer_learning_rates_run_the_same_update_as_torchs_grouped_adamw(exact: bool) -> None:
+    base, data = engine_model(layers=2)
+    ref_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
+    time = TimeDistribution.uniform()
+    _, ref_opt, ref_gen = reference_run(ref_model, data, 25, 5, time, 0.1, layer_lr="fan_in")
+    assert [g["lr_scale"] for g in ref_opt.param_groups] == [24 / 9, 1.0]  # 9 inputs -> 24 units
+    _, opt, gen = fused_run(fused_model, data, 25, 5, time, 0.1, exact=exact, layer_lr="fan_in")
+    assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=exact)
     assert torch.equal(ref_gen.get_state(), gen.get_state())
 
 
@@ -247,7 +273,7 @@ def test_unsupported_models_and_optimizers_are_refused_with_a_reason() -> None:
 
     model, _ = engine_model()
     sgd = torch.optim.SGD(model.trainable_parameters(), lr=0.1)
-    assert fused_step_unsupported(model, sgd) == "the optimiser is not a one-group AdamW"
+    assert fused_step_unsupported(model, sgd) == "the optimiser is not an AdamW"
     assert fused_step_unsupported(model, make_optimizer(model, 1e-3, 0.0)) is None
 
 

@@ -16,7 +16,8 @@ from trainer.data import Batch, TensorData, TrainingData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
-from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.nne_torch import LinearModule
+from trainer.steps.autograd import BatchSampler, make_optimizer, set_learning_rate, train_step
 from trainer.steps.base import StepMetrics
 
 
@@ -54,6 +55,23 @@ def test_optimizer_is_adamw_amsgrad_over_the_trainable_parameters() -> None:
     embedded, _ = make_model(True, False, 1, ema=0.9)
     trained = {id(p) for p in make_optimizer(embedded, 1e-4, 0.0).param_groups[0]["params"]}
     assert trained == {id(p) for p in [*embedded.denoiser.parameters(), *embedded.encoder.parameters()]}
+
+
+def test_fan_in_learning_rates_scale_each_linear_by_its_outputs_over_inputs() -> None:
+    model, _ = make_model(True, False, 1)  # denoiser 23 -> 32 -> 32 -> 3; Encoding MLP 2 -> 4 -> 4
+    optimizer = make_optimizer(model, 1e-3, 0.0, "fan_in")
+    scales = {id(p): group["lr_scale"] for group in optimizer.param_groups for p in group["params"]}
+    for module in model.modules():
+        if isinstance(module, LinearModule) and module.weight.requires_grad:
+            out, inp = module.weight.shape
+            assert scales[id(module.weight)] == scales[id(module.bias)] == max(1.0, out / inp)
+    assert sorted({*scales.values()}) == [1.0, 32 / 23, 2.0]
+    for group in optimizer.param_groups:
+        assert group["lr"] == pytest.approx(1e-3 * group["lr_scale"])
+    set_learning_rate(optimizer, 5e-4)
+    assert [g["lr"] for g in optimizer.param_groups] == [5e-4 * g["lr_scale"] for g in optimizer.param_groups]
+    with pytest.raises(ValueError, match="layer_lr"):
+        make_optimizer(model, 1e-3, 0.0, "per_unit")
 
 
 def run(seed: int, steps: int = 50) -> dict[str, torch.Tensor]:

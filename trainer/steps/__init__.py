@@ -43,7 +43,8 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class StepInputs:
     """What a step trains and draws from: the job's model, optimiser, data and random stream, and the
-    settings that decide the implementation.
+    settings that decide the implementation. ``layer_lr``: the per-layer learning-rate rule of the
+    optimisers built here (the distillation phase's; :func:`trainer.steps.autograd.make_optimizer`).
 
     ``sampler.batch_size`` is this process's share of the batch (the config's ``BatchSize``, or B / N
     under scale-out), which the fused step draws too. ``compile``: the option (``"on"``/``"off"``).
@@ -60,6 +61,7 @@ class StepInputs:
     learning_rate: float
     weight_decay: float
     device: torch.device
+    layer_lr: str = "same"
     compile: str = "off"
     ode_steps: int = 0
     averaging: GradientAveraging | None = None
@@ -79,6 +81,7 @@ def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingSte
             DistillSettings(inputs.ode_steps),
             learning_rate=inputs.learning_rate,
             weight_decay=inputs.weight_decay,
+            layer_lr=inputs.layer_lr,
             time_dist=inputs.time_distribution,
             obs_noise_scale=inputs.obs_noise_scale,
         )

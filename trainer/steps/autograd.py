@@ -17,19 +17,77 @@ from trainer.data import Batch, TensorData
 from trainer.errors import Diverged
 from trainer.flow import TimeDistribution, flow_matching_loss
 from trainer.model import FlowModel
+from trainer.nne_torch import LinearModule
 from trainer.steps.base import StepMetrics
 from trainer.torch_compat import total_norm
 
-__all__ = ["AutogradStep", "BatchSampler", "apply_gradients", "make_optimizer", "train_step"]
+__all__ = [
+    "LAYER_LR_CHOICES",
+    "AutogradStep",
+    "BatchSampler",
+    "apply_gradients",
+    "layer_lr_scale",
+    "make_optimizer",
+    "set_learning_rate",
+    "train_step",
+]
 
 
-def make_optimizer(model: FlowModel, lr: float, weight_decay: float) -> torch.optim.AdamW:
+LAYER_LR_CHOICES = ("same", "fan_in")
+"""``layer_lr`` values: every parameter at ``LearningRate`` (the engine's trainers), or each Linear layer's
+at ``LearningRate · max(1, fan_out / fan_in)`` (:func:`layer_lr_scale`)."""
+
+
+def layer_lr_scale(module: torch.nn.Module, rule: str) -> float:
+    """The learning-rate multiplier of a Linear ``module`` under ``rule`` (1 for anything else).
+
+    ``fan_in``: ``max(1, fan_out / fan_in)``. Adam moves every weight by about the learning rate per step
+    whatever its scale, so a layer with few inputs and many outputs (the denoiser's first Linear reads
+    [latents | x | t], a handful of values in a small game, into HiddenLayerSize units: 5 -> 128 for B1)
+    changes its features far more slowly, relative to their size, than the layers after it. Scaling its rate by
+    fan_out/fan_in (the µP-style per-layer rate) lets its features (where the denoiser's kinks sit in
+    input space) move as fast as the rest learns; square and narrowing layers keep the rate.
+    """
+    if rule == "same" or not isinstance(module, LinearModule):
+        return 1.0
+    fan_out, fan_in = module.weight.shape
+    return max(1.0, fan_out / fan_in)
+
+
+def make_optimizer(
+    model: FlowModel, lr: float, weight_decay: float, layer_lr: str = "same"
+) -> torch.optim.AdamW:
     """AdamW with amsgrad over the trainable parameters: the engine's 5.6/5.7 behaviour-cloning trainer
-    uses exactly this with ``LearningRate`` and ``WeightDecay`` (spec §7.2 step 3)."""
+    uses exactly this with ``LearningRate`` and ``WeightDecay`` (spec §7.2 step 3).
+
+    ``layer_lr`` (:data:`LAYER_LR_CHOICES`): ``same`` is that optimiser; ``fan_in`` puts each Linear
+    layer whose :func:`layer_lr_scale` is not 1 in a parameter group of its own, its ``lr`` the scaled
+    rate and ``lr_scale`` the multiplier (whoever sets the rate later multiplies by it). Groups keep the
+    parameters' order, so each group is a contiguous run of it (the fused step relies on that)."""
+    if layer_lr not in LAYER_LR_CHOICES:
+        raise ValueError(f"layer_lr must be one of {', '.join(LAYER_LR_CHOICES)}, got {layer_lr!r}")
     params = list(model.trainable_parameters())
     if not params:
         raise ValueError("the model has no trainable parameters")
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, amsgrad=True)
+    scale_of = {
+        id(p): layer_lr_scale(module, layer_lr)
+        for module in model.modules()
+        for p in module.parameters(recurse=False)
+    }
+    groups: list[dict[str, object]] = []
+    for p in params:
+        scale = scale_of.get(id(p), 1.0)
+        if groups and groups[-1]["lr_scale"] == scale:
+            groups[-1]["params"].append(p)  # type: ignore[attr-defined]
+        else:
+            groups.append({"params": [p], "lr": lr * scale, "lr_scale": scale})
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, amsgrad=True)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every group's rate from the base ``lr`` and its ``lr_scale`` (:func:`make_optimizer`)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * float(group.get("lr_scale", 1.0))
 
 
 class BatchSampler:

@@ -399,8 +399,8 @@ class Distiller:
     * teacher = frozen copy of the sampling (EMA) networks;
     * student = the live networks, reset to the same (EMA) weights, so distillation starts from the
       better of the two copies;
-    * a fresh AdamW (same learning rate and weight decay): the flow-matching moments describe another
-      loss's gradients;
+    * a fresh AdamW (same learning rate, per-layer rule and weight decay): the flow-matching moments
+      describe another loss's gradients;
     * the EMA warm-up restarts (decay_k = min(decay, (1 + k)/(10 + k)) counted from the boundary): with the
       full decay from the first step, the exported average would still be mostly the teacher after a
       phase of a few hundred iterations.
@@ -415,6 +415,7 @@ class Distiller:
         weight_decay: float,
         time_dist: TimeDistribution,
         obs_noise_scale: float,
+        layer_lr: str = "same",
         teacher: TeacherLike | None = None,
         pool_capacity: int = 16_384,
     ) -> None:
@@ -430,7 +431,7 @@ class Distiller:
         with torch.no_grad():
             for live, ema in self._ema_pairs():
                 live.copy_(ema)
-        self.optimizer = make_optimizer(model, learning_rate, weight_decay)
+        self.optimizer = make_optimizer(model, learning_rate, weight_decay, layer_lr)
         self.ema_count = 0
 
     def _ema_pairs(self) -> Iterator[tuple[Tensor, Tensor]]:

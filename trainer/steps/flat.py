@@ -10,7 +10,9 @@ gradient norm one reduction and the EMA update one ``lerp_``.
 
 from __future__ import annotations
 
+import itertools
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +52,8 @@ class FlatBlocks:
 
 
 class FlatAdamW:
-    """The flat buffers of one AdamW parameter group, adopted from the parameters and the optimiser.
+    """The flat buffers of an AdamW optimiser's parameters (all its groups, in order), adopted from the
+    parameters and the optimiser.
 
     ``params``, ``grads``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``: one block per parameter of
     ``parameters`` (the optimiser's order) in each, laid out by ``blocks``; ``steps``: each parameter's
@@ -82,6 +85,15 @@ class FlatAdamW:
         self.exp_avg_sq = self.blocks.new(device)
         self.max_exp_avg_sq = self.blocks.new(device)
         self._denom = self.blocks.new(device)
+        # Each parameter group of the optimiser is a contiguous run of ``parameters`` (make_optimizer keeps
+        # the order), so of the flat buffers: the span from its first block to the next group's first.
+        first = [0]
+        for group in optimizer.param_groups[:-1]:
+            first.append(first[-1] + len(group["params"]))
+        if first[-1] + len(optimizer.param_groups[-1]["params"]) != len(parameters):
+            raise ValueError("the optimiser's groups must hold exactly the given parameters, in order")
+        bounds = [self.blocks.offsets[i] for i in first] + [self.blocks.size]
+        self._spans = [slice(a, b) for a, b in itertools.pairwise(bounds)]
         self.steps = torch.zeros(len(parameters), dtype=torch.float32, device=device)
         self._step0 = self.steps[0]  # every parameter has the same age (checked before building)
         self._step_count = 0
@@ -155,24 +167,34 @@ class FlatAdamW:
         )
 
     def step(self) -> None:
-        """One AdamW update (decoupled weight decay, optional amsgrad) of ``params`` from ``grads``, with
-        the group's current settings."""
-        group = self.optimizer.param_groups[0]  # read each step: load_state_dict replaces the dict
+        """One AdamW update (decoupled weight decay, optional amsgrad) of ``params`` from ``grads``, each
+        parameter group's run of the flat buffers with that group's current settings (its own ``lr``;
+        :func:`trainer.steps.autograd.make_optimizer` groups by per-layer rate)."""
+        self._step_count += 1
+        step = float(self._step_count)
+        self.steps.add_(1.0)
+        # Read each step: load_state_dict replaces the group dicts, a schedule changes their lr.
+        for group, span in zip(self.optimizer.param_groups, self._spans, strict=True):
+            self._update(group, span, step)
+
+    def _update(self, group: dict[str, Any], span: slice, step: float) -> None:
         lr = float(group["lr"])
         beta1, beta2 = (float(b) for b in group["betas"])
         eps = float(group["eps"])
         weight_decay = float(group["weight_decay"])
-        self._step_count += 1
-        step = float(self._step_count)
-        self.steps.add_(1.0)
-        param, grad = self.params, self.grads
+        param, grad = self.params[span], self.grads[span]
+        exp_avg, exp_avg_sq, max_exp_avg_sq = (
+            self.exp_avg[span],
+            self.exp_avg_sq[span],
+            self.max_exp_avg_sq[span],
+        )
         if self.fused:
             torch._fused_adamw_(
                 [param],
                 [grad],
-                [self.exp_avg],
-                [self.exp_avg_sq],
-                [self.max_exp_avg_sq],
+                [exp_avg],
+                [exp_avg_sq],
+                [max_exp_avg_sq],
                 [self._step0],
                 lr=lr,
                 beta1=beta1,
@@ -185,20 +207,20 @@ class FlatAdamW:
             return
         if weight_decay != 0:
             param.mul_(1 - lr * weight_decay)
-        self.exp_avg.lerp_(grad, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         bias_correction1 = 1 - beta1**step
         bias_correction2 = 1 - beta2**step
         step_size = lr / bias_correction1
         bias_correction2_sqrt = bias_correction2**0.5
-        denom = self._denom
+        denom = self._denom[span]
         if group["amsgrad"]:
-            torch.maximum(self.max_exp_avg_sq, self.exp_avg_sq, out=self.max_exp_avg_sq)
-            torch.sqrt(self.max_exp_avg_sq, out=denom)
+            torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+            torch.sqrt(max_exp_avg_sq, out=denom)
         else:
-            torch.sqrt(self.exp_avg_sq, out=denom)
+            torch.sqrt(exp_avg_sq, out=denom)
         denom.div_(bias_correction2_sqrt).add_(eps)
-        param.addcdiv_(self.exp_avg, denom, value=-step_size)
+        param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
 def ema_counterparts(model: FlowModel, params: list[nn.Parameter]) -> list[Tensor] | None:

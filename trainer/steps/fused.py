@@ -89,11 +89,16 @@ def fused_step_unsupported(model: FlowModel, optimizer: torch.optim.Optimizer) -
     params = [p for lin in layout.linears for p in (lin.weight, lin.bias)]
     if any(p.dtype != torch.float32 for p in params):
         return "the denoiser is not float32"
-    if not isinstance(optimizer, torch.optim.AdamW) or len(optimizer.param_groups) != 1:
-        return "the optimiser is not a one-group AdamW"
-    group = optimizer.param_groups[0]
-    if {id(p) for p in group["params"]} != {id(p) for p in params} or len(group["params"]) != len(params):
+    if not isinstance(optimizer, torch.optim.AdamW):
+        return "the optimiser is not an AdamW"
+    groups = optimizer.param_groups
+    grouped = [p for group in groups for p in group["params"]]
+    if {id(p) for p in grouped} != {id(p) for p in params} or len(grouped) != len(params):
         return "the optimiser does not update exactly the denoiser's Linear weights and biases"
+    shared = ("betas", "eps", "weight_decay", "amsgrad")
+    if any(group[key] != groups[0][key] for group in groups for key in shared):
+        return "the optimiser's groups differ in more than their learning rate"
+    group = groups[0]
     if group.get("maximize") or group.get("capturable") or group.get("differentiable"):
         return "the optimiser uses maximize, capturable or differentiable"
     if isinstance(group["betas"][0], Tensor) or isinstance(group["betas"][1], Tensor):
@@ -152,7 +157,7 @@ class FusedStep:
 
         # Flat parameters, gradients, AdamW moments and EMA, in the optimiser's parameter order. One fused
         # AdamW kernel where torch has it for this device (CPU since 2.4, CUDA).
-        params: list[nn.Parameter] = list(optimizer.param_groups[0]["params"])
+        params: list[nn.Parameter] = [p for group in optimizer.param_groups for p in group["params"]]
         fused_adamw = not exact and hasattr(torch, "_fused_adamw_") and device.type in ("cpu", "cuda")
         self.flat = FlatAdamW(model, optimizer, params, device, fused=fused_adamw)
         flat, blocks = self.flat, self.flat.blocks
