@@ -50,9 +50,26 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-"""The repository checkout (``emulator/launch.py`` is one level below it)."""
-TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train.py"
-"""The engine drop-in script the emulator launches in place of ``LearningCore/Content/Python/train.py``."""
+"""The folder above this package: the repository checkout, or ``site-packages`` in an installed wheel."""
+
+
+def _train_script() -> Path:
+    """The engine drop-in that the emulator launches in place of ``LearningCore/Content/Python/train.py``,
+    as the installed package holds it (``trainer/dropin/train.py``), so the demo and the bench work from a
+    wheel with no checkout. [Transitional] A checkout whose package has no drop-in yet runs
+    ``scripts/train.py``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("trainer")
+    if spec is not None and spec.origin is not None:
+        packaged = Path(spec.origin).resolve().parent / "dropin" / "train.py"
+        if packaged.is_file():
+            return packaged
+    return REPO_ROOT / "scripts" / "train.py"
+
+
+TRAIN_SCRIPT = _train_script()
+"""The engine drop-in script the emulator launches (:func:`_train_script`)."""
 
 DEFAULT_TASK_NAME = "Training"
 """``FLearningAgentsTrainerProcessSettings::TaskName`` default (§1.6)."""

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The README's test command: lint, type-check and run the whole test suite (slow tests included).
+# Arguments go to pytest (e.g. -k options). CI runs exactly this (.ci/run).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/setup_env.sh
 source "$ROOT/scripts/setup_env.sh"
+la_trainer_setup test
 cd "$ROOT"
 echo "== ruff"
 ruff check .
