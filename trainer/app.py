@@ -179,7 +179,7 @@ def run_with_link(
     hooks. ``timeouts``: the keep-alive period and the wait after Complete; None reads
     :meth:`Timeouts.from_env`, as the launchers do for the waits of the links they open.
     """
-    timeouts = timeouts if timeouts is not None else Timeouts.from_env()
+    timeouts = timeouts if timeouts is not None else Timeouts.from_env(options.wait)
     flag = InterruptFlag()
     link: TrainerLink | None = None
     try:
@@ -230,8 +230,9 @@ def open_link_for_launch(
 ) -> TrainerLink:
     """The trainer link that the engine's launch arguments describe.
 
-    ``engine_spawned``: the engine started this process (``scripts/train.py``), so a change of parent
-    means the game died; socket mode then watches it too (shared memory always does without ``-c``).
+    ``engine_spawned``: the engine started this process (the drop-in ``train.py``), so it is watched
+    (:mod:`trainer.transport.liveness`) and waits on it have no bound; otherwise (``la-trainer shm`` and
+    ``socket``, attach mode) waits the game's liveness cannot be seen by are bounded by ``Timeouts.wait``.
     """
     mode = args.mode
     if isinstance(mode, SharedMemoryArgs):
@@ -255,17 +256,19 @@ def open_link_for_launch(
             controls_guid=mode.controls_guid,
             create=mode.create_mem,
             timeouts=timeouts,
+            watch_parent=engine_spawned and not mode.create_mem,
             interrupted=interrupt.is_set if interrupt is not None else None,
         )
     if isinstance(mode, SocketArgs):
-        from trainer.links import SocketTrainerLink, parent_watch
+        from trainer.links import SocketTrainerLink
+        from trainer.transport.liveness import parent_watch
 
         return SocketTrainerLink(
             host=mode.host,
             port=mode.port,
             timeouts=timeouts,
-            # Without it a game killed before it connected would leave us waiting the whole connect
-            # timeout (EOF tells us only once a connection exists).
+            # The engine process shows that a game is there before it connects (EOF tells us only once a
+            # connection exists), so even the wait for the connection needs no bound.
             peer_alive=parent_watch() if engine_spawned else None,
             interrupted=interrupt.is_set if interrupt is not None else None,
         )
@@ -318,12 +321,12 @@ def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None
         _record_failure(task_dir if task_dir is not None and task_dir.is_dir() else None, None, paragraph, 2)
         print(paragraph, file=sys.stderr, flush=True)
         return int(ExitCode.USAGE)
-    timeouts = Timeouts.from_env()
+    timeouts = Timeouts.from_env(options.wait)
 
     def open_link(flag: InterruptFlag) -> TrainerLink:
         return open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True)
 
     if runner is not None:
-        # Scale-out's rank 0 calls run_with_link itself, whose default reads the same Timeouts.from_env().
+        # Scale-out's rank 0 calls run_with_link itself, whose default reads the same Timeouts.from_env(wait).
         return runner(open_link, options=options, task_dir=task_dir)
     return run_with_link(open_link, options=options, task_dir=task_dir, timeouts=timeouts)

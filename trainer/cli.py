@@ -72,6 +72,14 @@ def training_options(func: Any) -> Any:
         ),
         click.option("--resume/--no-resume", default=None, help="Resume from the last checkpoint."),
         click.option(
+            "--wait",
+            metavar="SECONDS",
+            type=float,
+            default=None,
+            help="Bound of a wait that cannot see the game (attach mode, a listener nobody connected to); "
+            "0: no bound. Default 600.",
+        ),
+        click.option(
             "--tensorboard/--no-tensorboard",
             default=None,
             help="Write TensorBoard logs (also switched on by the engine's UseTensorBoard).",
@@ -101,6 +109,7 @@ _TRAINING_KEYS = (
     "resume",
     "tensorboard",
     "mlflow",
+    "wait",
 )
 
 
@@ -240,7 +249,7 @@ def shm_command(
     from trainer.timeouts import Timeouts
 
     options = load_options(task_dir if task_dir.is_dir() else None, training_overrides(kwargs))
-    timeouts = Timeouts.from_env()
+    timeouts = Timeouts.from_env(options.wait)
     if guid is None:
         if not create:
             raise click.UsageError("--guid is required unless --create makes a new control block.")
@@ -304,7 +313,7 @@ def socket_command(host: str, port: int, temp_dir: Path, **kwargs: Any) -> None:
     from trainer.timeouts import Timeouts
 
     options = load_options(None, training_overrides(kwargs), shared_dir=temp_dir if temp_dir.is_dir() else None)
-    timeouts = Timeouts.from_env()
+    timeouts = Timeouts.from_env(options.wait)
     task_dir = new_task_folder(temp_dir, "External")
     click.echo(f"Run folder: {task_dir}")
     click.echo("Start the game with these command-line switches:")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import LaunchError
+from trainer.timeouts import DEFAULT_WAIT_S
 
 __all__ = [
     "ALIASES",
@@ -211,6 +212,10 @@ class TrainerOptions:
     """Write a resumable checkpoint at most this often (0: only at the end)."""
     resume: bool = _option(False, "true or false")
     """Resume from the last checkpoint in the snapshot folder."""
+    wait: float = _option(DEFAULT_WAIT_S, "a number of seconds >= 0 (0: no bound)", _at_least(0))
+    """Bound of a wait that cannot see whether the game is alive: attach mode (``-c``), a socket listener
+    nobody has connected to (0: wait forever). Waits on a game the trainer can see (spawned by it, a
+    connected socket) have no bound (trainer.timeouts, docs/unreal-install.md "Waits")."""
     run_record: bool = _option(True, "true or false")
     """Keep a run folder ``<task_dir>/runs/<run name>`` with the effective options, the engine's settings,
     a metrics log and the final networks (:mod:`trainer.runrecord`)."""

@@ -189,8 +189,8 @@ def run_training(
 
     ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
     it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`). ``timeouts``:
-    the keep-alive period while we are busy (``ping_interval``) and the wait for the engine after
-    Complete (``close``). The status file (``trainer.progress``) and the run record
+    the keep-alive period while we are busy (``ping_interval``) and the bound of the wait for the engine
+    after Complete where the link cannot see the game (``wait``). The status file (``trainer.progress``) and the run record
     (``trainer.runrecord``) follow the run to its end, whichever way it ends."""
     status_path = task_dir / STATUS_FILE_NAME if (task_dir is not None and options.status_file) else None
     runlog = RunLog()
@@ -418,5 +418,5 @@ def _story(
     rounds = "" if offline else f", {sync.rounds} sync rounds"
     ending = "done" if end is LoopEnd.DONE else f"{end.value} (exit code {int(end.exit_code)})"
     reporter.finish(end.phase, end.exit_code, f"la-trainer: {ending} after {iteration} iterations{rounds}.")
-    link.finish(timeouts.close)  # offline: names the network files it wrote
+    link.finish(timeouts.wait)  # offline: names the network files it wrote
     return end.exit_code

@@ -36,8 +36,8 @@ from trainer.exitcodes import ExitCode
 
 LONG = replace(TINY, iteration_num=1_000_000)
 """Training that would not end by itself."""
-STOP_BOUND_S = FAST.network
-"""From Stop to the end of the run: sooner than the shortest wait of the link could time out."""
+STOP_BOUND_S = FAST.wait
+"""From Stop to the end of the run: sooner than the link's shortest bounded wait could time out."""
 
 
 def _wait(predicate: Any, timeout: float = 10.0) -> None:

@@ -44,25 +44,16 @@ from emulator.session import EngineTask, SessionSettings
 from protocol.snapshot import read_snapshot
 from trainer.timeouts import Timeouts
 
-TIMEOUT_SCALE = 0.05
-"""``LA_TRAINER_TIMEOUT_SCALE`` for subprocess trainers: config 6 s, network 1.5 s, send 1.5 s, ..."""
-_BASE = Timeouts()
-SCALED = Timeouts(
-    config=_BASE.config * TIMEOUT_SCALE,
-    network=_BASE.network * TIMEOUT_SCALE,
-    experience=_BASE.experience * TIMEOUT_SCALE,
-    send=_BASE.send * TIMEOUT_SCALE,
-    connect=_BASE.connect * TIMEOUT_SCALE,
-    close=_BASE.close * TIMEOUT_SCALE,
-)
+TIMEOUT_SCALE = 0.0025
+"""``LA_TRAINER_TIMEOUT_SCALE`` for subprocess trainers: a wait that cannot see the game (attach mode)
+gives up after 1.5 s instead of 600 s. Waits on a game whose liveness is seen have no bound."""
+SCALED = Timeouts(wait=Timeouts().wait * TIMEOUT_SCALE)
 """The waits of a subprocess trainer under :data:`TIMEOUT_SCALE` (what ``Timeouts.from_env`` gives it)."""
+DETECT_S = Timeouts().peer_check_interval
+"""How often a subprocess trainer checks that a game it can see is still there: a dead game is noticed
+within this (spawned modes, a connected socket), whatever it was waiting for."""
 FAST = Timeouts(
-    config=3.0,
-    network=2.0,
-    experience=2.0,
-    send=2.0,
-    connect=3.0,
-    close=2.0,
+    wait=2.0,
     ping_interval=0.05,
     poll_interval=0.0005,
     peer_check_interval=0.05,

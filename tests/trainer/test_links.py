@@ -41,12 +41,7 @@ posix_ipc = pytest.importorskip("posix_ipc")
 
 PLATFORM = "linux" if sys.platform.startswith("linux") else sys.platform
 FAST = Timeouts(
-    config=5,
-    network=5,
-    experience=5,
-    send=5,
-    connect=5,
-    close=5,
+    wait=5,
     ping_interval=0.02,
     poll_interval=0.0005,
     peer_check_interval=0.05,
@@ -272,14 +267,43 @@ def test_shm_stop_during_a_wait_raises_stop_requested(shm_game: ShmGame) -> None
         assert "config" in str(info.value)
 
 
-def test_shm_config_timeout_names_what(shm_game: ShmGame) -> None:
-    quick = Timeouts(config=0.1, poll_interval=0.001, peer_check_interval=0.05)
+def test_shm_config_timeout_names_what_and_how_to_change_it(
+    shm_game: ShmGame, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A link that cannot see the game (not started by it) bounds its waits, announces the bound when the
+    first wait starts, and names the wait and the knob when it gives up."""
+    quick = Timeouts(wait=0.1, poll_interval=0.001, peer_check_interval=0.05)
     with ShmTrainerLink(
-        shm_game.config_dir, shm_game.controls_guid, timeouts=quick, platform=PLATFORM
+        shm_game.config_dir, shm_game.controls_guid, timeouts=quick, platform=PLATFORM, watch_parent=False
     ) as link:
+        started = time.monotonic()
         with pytest.raises(WaitTimeout) as info:
             link.receive_config()
-        assert "config" in str(info.value)
+        assert 0.1 <= time.monotonic() - started < 2.0
+    message = str(info.value)
+    assert "config" in message and "--wait SECONDS" in message and "LA_TRAINER_WAIT" in message, message
+    announced = capsys.readouterr().out
+    assert "waiting up to 0.1 s for the game's config" in announced and "--wait SECONDS" in announced
+
+
+def test_spawned_shm_waits_have_no_bound(shm_game: ShmGame) -> None:
+    """Spawned (the engine process is watched): a wait outlasts Timeouts.wait, and a long one says so."""
+    said: list[str] = []
+    quick = Timeouts(wait=0.05, notice_after=0.1, poll_interval=0.001, peer_check_interval=0.02)
+    with ShmTrainerLink(
+        shm_game.config_dir, shm_game.controls_guid, timeouts=quick, platform=PLATFORM, watch_parent=True
+    ) as link:
+        link._rule._say = said.append  # the log line, captured
+        Path(shm_game.config_dir).mkdir(parents=True, exist_ok=True)
+        (Path(shm_game.config_dir) / "trainer-config.json").write_text('{"TrainerMethod": "FlowMatching"}')
+        timer = threading.Timer(0.5, shm_game.controls.post_config)
+        timer.start()
+        try:
+            assert link.peek_trainer_method() == "FlowMatching"  # waited 10x the bound, no timeout
+        finally:
+            timer.cancel()
+    assert said and all("still waiting for the game's config" in line for line in said), said
+    assert "waits for as long as it runs" in said[0]
 
 
 def test_shm_engine_gone_while_waiting_is_peer_gone(shm_game: ShmGame) -> None:
@@ -498,8 +522,10 @@ def test_socket_wait_for_connection_is_interruptible() -> None:
 
 
 def test_socket_accept_timeout() -> None:
-    with SocketTrainerLink("127.0.0.1", 0, Timeouts(connect=0.1)) as link, pytest.raises(WaitTimeout):
+    """Not started by a game and nobody connected: the one socket wait with a bound."""
+    with SocketTrainerLink("127.0.0.1", 0, Timeouts(wait=0.1)) as link, pytest.raises(WaitTimeout) as info:
         link.receive_config()
+    assert "connect" in str(info.value) and "--wait SECONDS" in str(info.value)
 
 
 def test_socket_keepalive_pings_never_split_a_message(
@@ -536,17 +562,24 @@ def test_socket_keepalive_pings_never_split_a_message(
     assert 0 < game.pings_taken <= keep.pings
 
 
-def test_socket_finish_is_bounded_when_the_game_never_closes(
-    socket_link: SocketTrainerLink, socket_games: list[SocketGame], capfd: pytest.CaptureFixture[str]
+def test_socket_finish_waits_while_the_connection_is_open(
+    socket_link: SocketTrainerLink, socket_games: list[SocketGame]
 ) -> None:
+    """After Complete the trainer waits for the game to close the connection for as long as it is open
+    (spec §10 item 7; a game paused right after Complete still gets it), whatever bound it is given."""
     game_thread = GameThread(lambda: begin(connect(socket_link, socket_games))).start()
     socket_link.receive_config()
     game_thread.join()
     socket_link.send_complete()
+    (game,) = socket_games
+    closer = threading.Timer(0.6, game.done)
+    closer.start()
     start = time.monotonic()
-    socket_link.finish(0.1)
-    assert time.monotonic() - start < 1.0
-    assert "did not close the connection" in capfd.readouterr().err
+    try:
+        socket_link.finish(0.1)
+    finally:
+        closer.cancel()
+    assert 0.6 <= time.monotonic() - start < 5.0
 
 
 # =========================================================================================================

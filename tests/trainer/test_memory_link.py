@@ -219,7 +219,7 @@ def test_request_stop_from_another_thread_and_pings_from_a_keepalive() -> None:
 
 def test_a_whole_run_syncs_on_cadence_then_sends_the_final_round_and_complete() -> None:
     link = tiny_link()
-    assert run(link, timeouts=Timeouts(close=4.5)) == ExitCode.OK
+    assert run(link, timeouts=Timeouts(wait=4.5)) == ExitCode.OK
     # Rounds at iterations 5, 10, 15 (none at 20: the final round replaces it), then the final round.
     assert [sorted(r) for r in link.rounds] == [[0, 1, 2]] * 4
     assert [item.version for item in link.sent] == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]

@@ -8,14 +8,13 @@ deadline or the poll interval; the timeout's advice can be replaced or left out.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
 from trainer.errors import Interrupted, PeerGone, WaitTimeout
 from trainer.exitcodes import ExitCode
-from trainer.transport.wait import TIMEOUT_HINT, StopRequested, parent_watch, wait_until
+from trainer.transport.wait import TIMEOUT_HINT, StopRequested, wait_until
 
 # --- the basic rules ----------------------------------------------------------------------------------
 
@@ -169,8 +168,3 @@ def test_the_timeout_hint_is_replaced_or_left_out() -> None:
         wait_until(lambda: None, timeout=0.0, what="x", poll_interval=0.001, timeout_hint="")
     assert str(info.value) == "timed out after 0 s waiting for x"
 
-
-def test_parent_watch_is_true_while_our_parent_lives() -> None:
-    alive = parent_watch()
-    assert alive() is True
-    assert os.getppid() != os.getpid()

@@ -44,7 +44,7 @@ ENV_TORCHRUN_ARGS = "LA_TRAINER_TORCHRUN_ARGS"
 ENV_BACKEND = "LA_TRAINER_DIST_BACKEND"
 """Override the process-group backend string (default: ``cpu:gloo,cuda:nccl`` with CUDA, else ``gloo``)."""
 ENV_TIMEOUT = "LA_TRAINER_DIST_TIMEOUT_SECONDS"
-"""Collective timeout, seconds (default 600, at least the setup waits of :class:`trainer.timeouts.Timeouts`)."""
+"""Collective timeout, seconds (default :data:`DEFAULT_TIMEOUT_S`)."""
 ENV_AGREE = "LA_TRAINER_DIST_AGREE_EVERY"
 """Steps between the ranks' agreements on stop / interrupt / loss (default 8)."""
 ENV_ENGINE_PID = "LA_TRAINER_ENGINE_PID"
@@ -52,7 +52,11 @@ ENV_ENGINE_PID = "LA_TRAINER_ENGINE_PID"
 ENV_STALL = "LA_TRAINER_DIST_STALL_SECONDS"
 """Seconds a training step may wait on the other ranks before rank 0 gives up (default 300)."""
 
-DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = 86_400.0
+"""A day. The other ranks wait in a collective while rank 0 waits for the game, and rank 0 waits for as long
+as the game lives (a paused editor, a game that begins training minutes after spawning us,
+:mod:`trainer.timeouts`), so this bound is only a last resort against a hung rank. A rank that dies is
+noticed at once (its gloo connections close), a rank stuck in a step by the :class:`Watchdog`."""
 DEFAULT_AGREE_EVERY = 8
 DEFAULT_STALL_S = 300.0
 """[INF] Must exceed rank 0's longest pause between steps (a sync round waits up to Timeouts.send per

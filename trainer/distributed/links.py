@@ -13,6 +13,7 @@ from trainer.distributed.environment import ENV_ENGINE_PID
 from trainer.distributed.state import RankContext
 from trainer.errors import PeerGone
 from trainer.run import SyncRounds, encode_networks
+from trainer.transport.liveness import process_watch
 
 if TYPE_CHECKING:
     from trainer.job import TrainingJob
@@ -32,6 +33,7 @@ class Rank0Link:
         self.received: dict[int, bytes] = {}
         self.version = 0
         self.engine_pid = _engine_pid()
+        self._engine_alive = process_watch(self.engine_pid) if self.engine_pid is not None else None
         ctx.poll_game = self._poll_game
         ctx.state.link = self
 
@@ -42,7 +44,7 @@ class Rank0Link:
     def _poll_game(self) -> bool:
         """The game's Stop; raises when the game is gone. Under torchrun our parent is torchrun, so the
         real link's parent watch cannot see a crashed engine: the launcher passes the engine's pid."""
-        if self.engine_pid is not None and not _process_alive(self.engine_pid):
+        if self._engine_alive is not None and not self._engine_alive():
             raise PeerGone(f"the engine (process {self.engine_pid}) that started this training exited")
         return bool(self.real.stop_requested())
 
@@ -86,22 +88,12 @@ class Rank0Link:
         rounds.send(encode_networks(received, job.export()))
         self.version = rounds.version
         self.real.send_complete()
-        self.real.finish(self.ctx.timeouts.close)
+        self.real.finish(self.ctx.timeouts.wait)
 
 
 def _engine_pid() -> int | None:
     raw = os.environ.get(ENV_ENGINE_PID, "")
-    return int(raw) if raw.isdigit() and os.name == "posix" else None
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # POSIX only: signal 0 checks existence (on Windows it would send CTRL_C)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return int(raw) if raw.isdigit() else None
 
 
 class BroadcastLink:

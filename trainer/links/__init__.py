@@ -15,7 +15,7 @@ Modules:
 * :mod:`~trainer.links.memory`: :class:`MemoryLink`, values in memory, for tests of the story.
 * :mod:`~trainer.links.keepalive`: :class:`KeepAlive`, pings while the trainer is busy.
 
-:func:`parent_watch` (the spawning engine's liveness) lives with the waits, in :mod:`trainer.transport.wait`.
+:func:`parent_watch` (the spawning engine's liveness) lives in :mod:`trainer.transport.liveness`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from trainer.links.keepalive import KeepAlive
 from trainer.links.memory import MemoryLink, SentNetwork
 from trainer.links.shm import ShmTrainerLink
 from trainer.links.socket import SocketTrainerLink
-from trainer.transport.wait import parent_watch
+from trainer.transport.liveness import parent_watch
 
 __all__ = [
     "FileTrainerLink",

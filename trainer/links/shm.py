@@ -2,7 +2,9 @@
 replay-buffer regions, driven through the handshake tables of :mod:`protocol.controls`.
 
 The engine's liveness is watched through the control block (it unlinks its regions when it ends, §2.1)
-and, in spawned mode, our parent process.
+and, in spawned mode, the engine process (:mod:`trainer.transport.liveness`); there every wait lasts as
+long as the game lives (a paused editor included). In attach mode nothing shows whether the game lives,
+so each wait is bounded by ``Timeouts.wait`` (:class:`~trainer.transport.wait.WaitRule`).
 """
 
 from __future__ import annotations
@@ -31,11 +33,15 @@ from trainer.errors import BadData, LaunchError, PeerGone, WaitTimeout
 from trainer.links.base import check_snapshot_size
 from trainer.timeouts import Timeouts
 from trainer.transport.files import CONFIG_FILE_LIMIT
+from trainer.transport.liveness import parent_watch
 from trainer.transport.shm import SharedRegion, region_exists
 from trainer.transport.staging import ReplayStaging
-from trainer.transport.wait import parent_watch, wait_until
+from trainer.transport.wait import WaitRule, wait_until
 
-__all__ = ["ShmTrainerLink"]
+__all__ = ["FLOW_MATCHING", "ShmTrainerLink"]
+
+FLOW_MATCHING = "FlowMatching"
+"""The TrainerMethod la-trainer trains; the engine's default when trainer-config.json has no such key."""
 
 T = TypeVar("T")
 
@@ -43,10 +49,11 @@ T = TypeVar("T")
 class ShmTrainerLink:
     """Shared-memory link: the control block, the network regions and the replay-buffer regions.
 
-    Spawned mode (``create=False``): the engine created the control block; it also watches our parent
-    process. Attach mode (``create=True``, launched with ``-c``): we create the control block under the
-    user's GUID and initialise it (the engine does the same when it maps it, spec §2.5); the engine's
-    liveness cannot be observed before it writes, so only timeouts and the stop flag apply.
+    Spawned mode (``create=False``): the engine created the control block; it also watches the engine
+    process, and waits have no bound. Attach mode (``create=True``, launched with ``-c``): we create the
+    control block under the user's GUID and initialise it (the engine does the same when it maps it, spec
+    §2.5); the game's liveness cannot be observed, so every wait is bounded by ``Timeouts.wait``,
+    announced at the first wait.
 
     Args:
         config_dir: the folder the engine writes the config JSONs to, or the task directory above its
@@ -55,7 +62,8 @@ class ShmTrainerLink:
         create: attach mode (``-c``): create the control block instead of opening the engine's.
         timeouts: every wait's bound; defaults to :class:`Timeouts` ().
         platform: ``sys.platform`` value naming the regions (tests only).
-        watch_parent: treat a change of our parent process as the engine's death (default: spawned mode).
+        watch_parent: the engine spawned us: watch it, and wait without a bound while it lives (default:
+            spawned mode, i.e. not ``create``).
         interrupted: polled during waits; True (SIGINT/SIGTERM seen by the app) raises ``Interrupted``.
     """
 
@@ -105,8 +113,12 @@ class ShmTrainerLink:
                 self._controls_name, CONTROL_BLOCK_BYTES, label=f"control block {self._guid_string}"
             )
         self._controls = TrainerControls(self._control_region.buf)
-        self._parent_alive = (
-            parent_watch() if (watch_parent if watch_parent is not None else not create) else None
+        watching = watch_parent if watch_parent is not None else not create
+        self._parent_alive = parent_watch() if watching else None
+        self._rule = WaitRule(
+            self._timeouts,
+            visible=watching,
+            why_unseen="attach mode (-c)" if create else "the trainer was not started by the game",
         )
         self._next_peer_check = time.monotonic() + self._timeouts.peer_check_interval
 
@@ -128,16 +140,17 @@ class ShmTrainerLink:
         # The engine unlinks the regions it created when it ends (spec §2.1); ours stays while we run.
         return region_exists(self._controls_name)
 
-    def _wait(
-        self, predicate: Callable[[], T | None], timeout: float, what: str, *, interruptible: bool = True
-    ) -> T:
+    def _wait(self, predicate: Callable[[], T | None], what: str, *, interruptible: bool = True) -> T:
         # Sends are not interruptible: a SIGINT/SIGTERM in the middle of a round would leave the engine
         # blocked in ReceiveNetwork for the rest of it (an error there, spec §7.1). The round finishes
-        # (each wait is still bounded by its timeout) and the loop stops at the next step boundary.
+        # (each wait still ends when the game is gone) and the loop stops at the next step boundary.
         return wait_until(
             predicate,
-            timeout=timeout,
+            timeout=self._rule.start(what),
             what=what,
+            timeout_hint=self._rule.hint,
+            notice=self._rule.notice(what),
+            notice_after=self._timeouts.notice_after,
             poll_interval=self._timeouts.poll_interval,
             peer_alive=self._peer_alive,
             stop=self._stop_seen,
@@ -161,13 +174,29 @@ class ShmTrainerLink:
 
     # -- the session -----------------------------------------------------------------------------------
 
-    def receive_config(self) -> SessionConfig:
-        """Wait for ConfigSignal, read the three files (§2.4), acknowledge, map every region."""
+    def _wait_for_config(self) -> None:
         self._wait(
             self._controls.config_ready,
-            self._timeouts.config,
             f"the game's config (ConfigSignal on control block {self._guid_string})",
         )
+
+    def peek_trainer_method(self) -> str:
+        """Wait for ConfigSignal and return ``TrainerMethod`` from trainer-config.json WITHOUT acknowledging.
+
+        For the hand-over of other methods to the engine's own ``train.py`` (:mod:`trainer.handover`):
+        ConfigSignal stays 1, so the engine's script finds the config as the engine posted it. A missing
+        key means the engine default, :data:`FLOW_MATCHING`; the file's other content is checked by
+        :meth:`receive_config`, which then returns at once (the signal is still raised).
+        """
+        self._wait_for_config()
+        path = self.config_dir / "trainer-config.json"
+        obj = parse_json(_read_config_file(path), path.name)
+        method = obj.get("TrainerMethod", FLOW_MATCHING) if isinstance(obj, dict) else FLOW_MATCHING
+        return method if isinstance(method, str) else FLOW_MATCHING
+
+    def receive_config(self) -> SessionConfig:
+        """Wait for ConfigSignal, read the three files (§2.4), acknowledge, map every region."""
+        self._wait_for_config()
         folder = self.config_dir
         shm_path = folder / f"shared-memory-{self._guid_string}.json"
         if not shm_path.is_file():
@@ -239,7 +268,6 @@ class ShmTrainerLink:
         self._controls.request_network(network_id)
         self._wait(
             lambda: self._controls.network_received(network_id),
-            self._timeouts.network,
             f"network {network_id} ({config.network(network_id).name}) from the game",
         )
         return bytes(region.buf)
@@ -248,9 +276,7 @@ class ShmTrainerLink:
         """Wait for ExperienceSignal, copy the first E/S rows out of the regions, acknowledge (§2.4)."""
         self._require_config("receive_experience")
         self._new_staging()
-        info = self._wait(
-            self._controls.experience_ready, self._timeouts.experience, "the replay buffer from the game"
-        )
+        info = self._wait(self._controls.experience_ready, "the replay buffer from the game")
         layout = self._layouts.get(info.replay_buffer_id)
         if layout is None:
             raise ControlError(
@@ -283,7 +309,6 @@ class ShmTrainerLink:
         check_snapshot_size(network_id, data, config.network(network_id).max_byte_num)
         self._wait(
             self._controls.can_send_network,
-            self._timeouts.send,
             f"the game to take the previous network before network {network_id} (NetworkSignal back to 0)",
             interruptible=False,
         )
@@ -298,7 +323,6 @@ class ShmTrainerLink:
         """
         self._wait(
             self._controls.can_send_network,
-            self._timeouts.send,
             "the game to take the last network before Complete (NetworkSignal back to 0)",
             interruptible=False,
         )
@@ -340,13 +364,14 @@ class ShmTrainerLink:
             self._controls.ping()
 
     def finish(self, timeout: float) -> None:
-        """Give the engine up to ``timeout`` s to take Complete; shared memory has no exit race (§10.7)."""
+        """Wait for the engine to take Complete: as long as it lives in spawned mode, at most ``timeout``
+        s in attach mode. Shared memory has no exit race (§10 item 7): giving up loses nothing."""
         if self._closed:
             return
         try:
             wait_until(
                 lambda: read_controls(self._control_region.buf)[Control.COMPLETE_SIGNAL] == 0,
-                timeout=timeout,
+                timeout=timeout if not self._rule.visible else self._rule.bound,
                 what="the game to take Complete",
                 poll_interval=max(self._timeouts.poll_interval, 0.001),
                 peer_alive=self._peer_alive,

@@ -1,12 +1,15 @@
 """The trainer's half of a session over a socket (spec §3): we listen, the engine connects once and streams
 config, networks and experience; the bytes are framed by :class:`protocol.stream.TrainerStreamDecoder`.
 
-The engine's liveness is watched through the connection (EOF) and, when it spawned us, our parent process.
+The engine's liveness is watched through the connection (EOF, reset, TCP keep-alive) and, when it spawned
+us, the engine process: once connected, every wait lasts as long as the game lives (a paused editor
+included, :mod:`trainer.timeouts`). Only a listener nobody has connected to, in a trainer the game did
+not spawn, cannot see a game at all: that wait is bounded by ``Timeouts.wait``, announced when it starts.
 """
 
 from __future__ import annotations
 
-import sys
+import math
 import threading
 import time
 from collections import deque
@@ -31,8 +34,8 @@ from protocol.stream import (
 from trainer.errors import LaunchError, PeerGone
 from trainer.links.base import check_snapshot_size
 from trainer.timeouts import Timeouts
-from trainer.transport.tcp import TcpConnection, TcpServer
-from trainer.transport.wait import StopRequested, wait_until
+from trainer.transport.tcp import ACCEPT_HINT, TcpConnection, TcpServer
+from trainer.transport.wait import StopRequested, WaitRule, wait_until
 
 __all__ = ["SocketTrainerLink"]
 
@@ -51,8 +54,9 @@ class SocketTrainerLink:
     accepted by :meth:`receive_config`. Messages are decoded as they arrive and kept until asked for:
     the engine sends networks 0, 1, 2 and the experience without being asked, and Stop at any time.
 
-    ``peer_alive`` (e.g. :func:`~trainer.transport.wait.parent_watch` when the engine spawned us) and
-    ``interrupted`` are polled during waits, as in :class:`~trainer.links.shm.ShmTrainerLink`.
+    ``peer_alive`` (:func:`~trainer.transport.liveness.parent_watch` when the engine spawned us) and
+    ``interrupted`` are polled during waits, as in :class:`~trainer.links.shm.ShmTrainerLink`; with
+    ``peer_alive`` even the wait for the connection has no bound.
     """
 
     comm_type = "Socket"
@@ -69,8 +73,15 @@ class SocketTrainerLink:
     ) -> None:
         self._timeouts = timeouts or Timeouts()
         self._interrupted = interrupted
-        self._server: TcpServer | None = TcpServer(host, port, send_timeout=self._timeouts.send)
+        self._server: TcpServer | None = TcpServer(host, port)
         self._peer_alive_check = peer_alive
+        # Before a connection only a spawning engine's process shows that a game is there; once connected,
+        # the connection does (the rule becomes visible in receive_config).
+        self._rule = WaitRule(
+            self._timeouts,
+            visible=peer_alive is not None,
+            why_unseen="no game has connected yet and the trainer was not started by one",
+        )
         self._conn: TcpConnection | None = None
         self._decoder = TrainerStreamDecoder()
         self._send_lock = threading.Lock()
@@ -151,7 +162,7 @@ class SocketTrainerLink:
                 # The decoder allocated this body for this message alone: the arrays already own it.
                 self._experiences.append(event.replay)
 
-    def _wait(self, ready: Callable[[], T | None], timeout: float, what: str) -> T:
+    def _wait(self, ready: Callable[[], T | None], what: str) -> T:
         """Receive and decode until ``ready()`` returns something (:func:`wait_until`, socket rules)."""
         conn = self._connection()
 
@@ -162,8 +173,10 @@ class SocketTrainerLink:
 
         return wait_until(
             ready,
-            timeout=timeout,
+            timeout=self._rule.start(what),
             what=what,
+            notice=self._rule.notice(what),
+            notice_after=self._timeouts.notice_after,
             poll_interval=_SOCKET_POLL_SLICE,
             on_poll=self._drain_events,
             check=self._check_stream,
@@ -171,7 +184,7 @@ class SocketTrainerLink:
             peer_alive=self._peer_alive_check,
             peer_check_interval=self._timeouts.peer_check_interval,
             idle=idle,
-            # The game is connected, so address and port are right: the generic advice would mislead.
+            # Connected: no bound, and address and port are right, so the generic advice would mislead.
             timeout_hint="",
         )
 
@@ -190,11 +203,18 @@ class SocketTrainerLink:
             server = self._server
             if server is None:
                 raise LaunchError("the socket link is closed")
+            what = f"the game to connect to {server.host}:{server.port}"
             self._conn = server.accept(
-                self._timeouts.connect, peer_alive=self._peer_alive_check, interrupted=self._interrupted
+                self._rule.start(what),
+                peer_alive=self._peer_alive_check,
+                interrupted=self._interrupted,
+                timeout_hint=ACCEPT_HINT if self._rule.visible else f"{ACCEPT_HINT}. {self._rule.hint}",
+                notice=self._rule.notice(what),
+                notice_after=self._timeouts.notice_after,
             )
             self._server = None  # accept() closed the listener: no second client (§3)
-        message = self._wait(lambda: self._config_message, self._timeouts.config, "the game's config message")
+            self._rule = WaitRule(self._timeouts, visible=True)  # the connection shows the game lives
+        message = self._wait(lambda: self._config_message, "the game's config message")
         config = session_from_socket(parse_json(message.raw_json, "socket config"))
         self._decoder.configure(
             {net.id: net.max_byte_num for net in config.model.networks},
@@ -206,19 +226,13 @@ class SocketTrainerLink:
     def receive_network(self, network_id: int) -> bytes:
         """The engine's SendNetwork for ``network_id`` (it sends 0, 1, 2 unasked after the config)."""
         self._require_config("receive_network")
-        self._wait(
-            lambda: network_id in self._networks,
-            self._timeouts.network,
-            f"network {network_id} from the game",
-        )
+        self._wait(lambda: network_id in self._networks, f"network {network_id} from the game")
         return self._networks.pop(network_id)
 
     def receive_experience(self) -> ReplayBuffer:
         """The engine's SendExperience; its arrays live in a buffer allocated for it alone."""
         self._require_config("receive_experience")
-        self._wait(
-            lambda: bool(self._experiences), self._timeouts.experience, "the replay buffer from the game"
-        )
+        self._wait(lambda: bool(self._experiences), "the replay buffer from the game")
         return self._experiences.popleft()
 
     def _require_config(self, what: str) -> SessionConfig:
@@ -232,7 +246,7 @@ class SocketTrainerLink:
         conn = self._connection()
         # One lock for every writer: the keep-alive thread's ping must never land inside a message.
         with self._send_lock:
-            conn.send_parts(parts)
+            conn.send_parts(parts, peer_alive=self._peer_alive_check)
 
     def send_network(self, network_id: int, data: bytes, version: int) -> None:
         """RecvNetwork: id, version, snapshot; the snapshot goes out as a view, not joined (§3)."""
@@ -279,21 +293,18 @@ class SocketTrainerLink:
         return False
 
     def finish(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) for the engine to close the connection after Complete.
+        """Wait for the engine to close the connection after Complete, for as long as the connection is
+        open (it shows the game lives: a game paused right after Complete still gets it); ``timeout`` is
+        not needed here.
 
         With a spawned trainer the engine stops reading the socket as soon as our process exits, even
-        with Complete still buffered, so exiting first can lose the Complete (spec §10 item 7).
+        with Complete still buffered, so exiting first can lose the Complete (spec §10 item 7). After
+        Complete the engine closes the connection itself (DoneTraining), so this ends on its own.
         """
         conn = self._conn
         if conn is None or self._closed or self._eof:
             return
-        if not conn.wait_closed(timeout):
-            print(
-                f"la-trainer: warning: the game did not close the connection within {timeout:g} s after "
-                "Complete; exiting anyway.",
-                file=sys.stderr,
-                flush=True,
-            )
+        conn.wait_closed(math.inf, peer_alive=self._peer_alive_check)
 
     def close(self) -> None:
         """Close the connection and the listener. Idempotent."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
+import math
 import os
 import select
 import socket
@@ -22,11 +23,28 @@ import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from trainer.errors import Interrupted, LaunchError, PeerGone, WaitTimeout
+from trainer.errors import LaunchError, PeerGone, WaitTimeout
+from trainer.transport.wait import wait_until
 
-__all__ = ["TcpConnection", "TcpServer", "connect_with_retry", "is_loopback"]
+__all__ = [
+    "ACCEPT_HINT",
+    "KEEPALIVE_IDLE_S",
+    "KEEPALIVE_INTERVAL_S",
+    "KEEPALIVE_PROBES",
+    "TcpConnection",
+    "TcpServer",
+    "connect_with_retry",
+    "enable_keepalive",
+    "is_loopback",
+]
 
 Buffer = bytes | bytearray | memoryview
+
+ACCEPT_HINT = (
+    "Check that the game uses the same address and port (-LearningAgentsIpAddress, -LearningAgentsPort) "
+    "and that it was started"
+)
+"""What a timed-out accept suggests by default."""
 
 _ACCEPT_SLICE = 0.05
 """Seconds per select() while accepting, so the peer check and timeout are honoured promptly."""
@@ -36,6 +54,21 @@ _CONNECT_RETRY = 0.001
 
 _MAX_SENDMSG_PARTS = 512
 """Parts per sendmsg call; well under every platform's IOV_MAX (1024 on Linux and macOS)."""
+
+_SEND_SLICE = 0.5
+"""Seconds one send waits for buffer space before the sender checks the peer and its bound again."""
+
+_CLOSE_SLICE = 0.5
+"""Seconds per receive while waiting for the peer to close, so its liveness is checked between them."""
+
+KEEPALIVE_IDLE_S = 10
+"""TCP keep-alive on the trainer's connection: seconds of silence before the first probe."""
+KEEPALIVE_INTERVAL_S = 5
+"""Seconds between unanswered probes."""
+KEEPALIVE_PROBES = 6
+"""Unanswered probes before the kernel reports the connection dead: a machine that vanished (power,
+network) is noticed within about ``IDLE + INTERVAL * PROBES`` = 40 s of silence. A paused game's kernel
+still answers probes, so a paused editor is never mistaken for a dead one."""
 
 _HAVE_READV = hasattr(os, "readv")
 """POSIX: a receive without the poll that a timeout-mode socket's ``recv_into`` makes first."""
@@ -54,10 +87,14 @@ def is_loopback(host: str) -> bool:
 class TcpConnection:
     """A connected stream socket with bounded waits; EOF becomes :class:`PeerGone`."""
 
-    def __init__(self, sock: socket.socket, *, send_timeout: float = 30.0, peer: str = "the engine") -> None:
-        # Timeout mode (not non-blocking): sends wait for buffer space at most `send_timeout`;
-        # receives first select() with their own timeout, so they never block inside recv.
-        sock.settimeout(send_timeout)
+    def __init__(
+        self, sock: socket.socket, *, send_timeout: float = math.inf, peer: str = "the engine"
+    ) -> None:
+        # Timeout mode (not blocking, not non-blocking): each send waits for buffer space at most one
+        # slice, so a long send (a paused game reads nothing) checks the peer between slices; receives
+        # first poll with their own timeout, so they never block inside recv, and the descriptor is
+        # non-blocking underneath, which recv_into_nowait relies on.
+        sock.settimeout(_SEND_SLICE)
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock: socket.socket | None = sock
@@ -74,22 +111,33 @@ class TcpConnection:
     def closed(self) -> bool:
         return self._sock is None
 
-    def send_parts(self, parts: Sequence[Buffer]) -> None:
+    def send_parts(self, parts: Sequence[Buffer], *, peer_alive: Callable[[], bool] | None = None) -> None:
         """Send every part in order, as one stream segment sequence, without joining them.
 
+        A peer that does not read (a paused game) is waited for up to ``send_timeout`` seconds (default:
+        no bound), checking ``peer_alive`` between slices of :data:`_SEND_SLICE` seconds.
+
         Raises:
-            PeerGone: the engine closed or reset the connection.
+            PeerGone: the engine closed or reset the connection, or ``peer_alive`` returned False.
             WaitTimeout: the engine did not read for ``send_timeout`` seconds.
         """
         sock = self.sock
         views = [memoryview(p).cast("B") for p in parts if len(p)]
+        deadline = time.monotonic() + self._send_timeout
         try:
-            if not hasattr(sock, "sendmsg"):  # pragma: no cover - Windows
-                for view in views:
-                    sock.sendall(view)
-                return
             while views:
-                sent = sock.sendmsg(views[:_MAX_SENDMSG_PARTS])
+                try:
+                    if hasattr(sock, "sendmsg"):
+                        sent = sock.sendmsg(views[:_MAX_SENDMSG_PARTS])
+                    else:  # pragma: no cover - Windows has no sendmsg
+                        sent = sock.send(views[0])
+                except TimeoutError:
+                    # Nothing was sent in this slice: the peer's window is closed (it is not reading).
+                    if time.monotonic() >= deadline:
+                        raise
+                    if peer_alive is not None and not peer_alive():
+                        raise PeerGone(f"{self.peer} went away while we were sending to it") from None
+                    continue
                 # Drop fully sent parts and trim the first partly sent one (partial writes happen
                 # whenever the kernel buffer is smaller than the message).
                 while sent and views:
@@ -167,11 +215,19 @@ class TcpConnection:
                     f"({filled} of {len(target)} bytes arrived)"
                 ) from None
 
-    def wait_closed(self, timeout: float, on_data: Callable[[memoryview], None] | None = None) -> bool:
-        """Wait up to ``timeout`` s for the peer to close; pass any bytes that arrive to ``on_data``.
+    def wait_closed(
+        self,
+        timeout: float,
+        on_data: Callable[[memoryview], None] | None = None,
+        *,
+        peer_alive: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Wait up to ``timeout`` s (``math.inf``: no bound) for the peer to close; pass any bytes that
+        arrive to ``on_data``.
 
-        Returns True when EOF (or a reset) was seen, False on timeout. Used after Complete: the engine
-        closes the socket itself, and exiting first would make its pending reads fail (spec §10 item 7).
+        Returns True when EOF or a reset was seen, or ``peer_alive`` returned False (checked every
+        :data:`_CLOSE_SLICE` seconds); False on timeout. Used after Complete: the engine closes the socket
+        itself, and exiting first would make its pending reads fail (spec §10 item 7).
         """
         deadline = time.monotonic() + timeout
         scratch = bytearray(65536)
@@ -179,12 +235,14 @@ class TcpConnection:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
+            if peer_alive is not None and not peer_alive():
+                return True
             try:
-                n = self.recv_into(scratch, remaining, what="the connection to close")
+                n = self.recv_into(scratch, min(remaining, _CLOSE_SLICE), what="the connection to close")
             except PeerGone:
                 return True
             except WaitTimeout:
-                return False
+                continue
             if on_data is not None:
                 on_data(memoryview(scratch)[:n])
 
@@ -215,7 +273,7 @@ class TcpServer:
     Binding happens in the constructor so a port in use fails at launch, before any waiting.
     """
 
-    def __init__(self, host: str, port: int, *, send_timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, *, send_timeout: float = math.inf) -> None:
         if not 0 <= port <= 65535:
             raise LaunchError(f"port {port} is out of range (0-65535)")
         self.host = host
@@ -262,8 +320,13 @@ class TcpServer:
         *,
         peer_alive: Callable[[], bool] | None = None,
         interrupted: Callable[[], bool] | None = None,
+        timeout_hint: str = ACCEPT_HINT,
+        notice: Callable[[float], None] | None = None,
+        notice_after: float = math.inf,
     ) -> TcpConnection:
-        """Wait up to ``timeout`` s for the engine to connect; afterwards no one else can connect.
+        """Wait up to ``timeout`` s (``math.inf``: no bound) for the engine to connect; afterwards no one
+        else can connect. The wait is :func:`~trainer.transport.wait.wait_until` with the listener's
+        readiness as its idle; ``timeout_hint``, ``notice`` and ``notice_after`` are passed to it.
 
         The listening socket is closed as soon as one client is accepted, so a second client is
         refused (or reset, if it was already queued) instead of waiting forever for a reply.
@@ -276,26 +339,33 @@ class TcpServer:
         listener = self._sock
         if listener is None:
             raise LaunchError("the server is closed")
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise WaitTimeout(
-                    f"timed out after {timeout:g} s waiting for the game to connect to "
-                    f"{self.host}:{self.port}. Check that the game uses the same address and port "
-                    "(-LearningAgentsIpAddress, -LearningAgentsPort) and that it was started."
-                )
-            if _wait_readable(listener, min(remaining, _ACCEPT_SLICE)):
-                try:
-                    conn, address = listener.accept()
-                except (BlockingIOError, ConnectionAbortedError):
-                    continue  # the client gave up between select() and accept()
-                self.close()
-                return TcpConnection(conn, send_timeout=self._send_timeout, peer=f"the game at {address[0]}")
-            if peer_alive is not None and not peer_alive():
-                raise PeerGone("the engine went away while waiting for the game to connect")
-            if interrupted is not None and interrupted():
-                raise Interrupted("interrupted while waiting for the game to connect")
+        listener.setblocking(False)
+
+        def try_accept() -> tuple[socket.socket, str] | None:
+            try:
+                conn, address = listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return None  # nobody yet, or the client gave up between the poll and the accept
+            return conn, str(address[0])
+
+        conn, host = wait_until(
+            try_accept,
+            timeout=timeout,
+            what=f"the game to connect to {self.host}:{self.port}",
+            poll_interval=_ACCEPT_SLICE,
+            peer_alive=peer_alive,
+            peer_check_interval=_ACCEPT_SLICE,
+            interrupted=interrupted,
+            idle=lambda seconds: _wait_readable(listener, seconds),  # returns early once a client knocks
+            timeout_hint=timeout_hint,
+            notice=notice,
+            notice_after=notice_after,
+        )
+        self.close()
+        # The connection is how we see that the game lives (waits on it have no bound), so a machine
+        # that vanishes without closing it must still be noticed: keep-alive.
+        enable_keepalive(conn)
+        return TcpConnection(conn, send_timeout=self._send_timeout, peer=f"the game at {host}")
 
     def close(self) -> None:
         """Stop listening (clients still queued are reset). Idempotent."""
@@ -339,14 +409,56 @@ def connect_with_retry(host: str, port: int, timeout: float, *, send_timeout: fl
 
 
 def _wait_readable(sock: socket.socket, timeout: float) -> bool:
-    # poll() where it exists: select() fails on descriptors above FD_SETSIZE (1024).
+    # poll() where it exists: select() fails on descriptors above FD_SETSIZE (1024). An infinite
+    # timeout blocks until the socket is readable (neither call takes math.inf).
+    blocking = math.isinf(timeout)
     timeout = max(timeout, 0.0)
     if hasattr(select, "poll"):
         poller = select.poll()
         poller.register(sock, select.POLLIN | select.POLLPRI)
-        return bool(poller.poll(timeout * 1000.0))
-    readable, _, _ = select.select([sock], [], [], timeout)  # pragma: no cover - Windows
+        return bool(poller.poll(None if blocking else timeout * 1000.0))
+    readable, _, _ = select.select([sock], [], [], None if blocking else timeout)  # pragma: no cover
     return bool(readable)
+
+
+def enable_keepalive(sock: socket.socket, *, platform: str | None = None) -> list[str]:
+    """Turn on TCP keep-alive with :data:`KEEPALIVE_IDLE_S`, :data:`KEEPALIVE_INTERVAL_S` and
+    :data:`KEEPALIVE_PROBES` where the OS lets us tune them; returns the options that were set.
+
+    Linux has all three socket options; macOS has the idle time (``TCP_KEEPALIVE``) and, from Python
+    3.10 on recent releases, the other two; Windows 10 1709+ has all three (older Windows: the idle
+    time and interval through ``SIO_KEEPALIVE_VALS``). An option the OS refuses is skipped: keep-alive
+    with the system's defaults (two hours of silence on most systems) is still better than none.
+    """
+    applied: list[str] = []
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        applied.append("SO_KEEPALIVE")
+    except OSError:
+        return applied
+    tuning = (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPALIVE", KEEPALIVE_IDLE_S),  # macOS's name for the idle time
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+    )
+    for name, value in tuning:
+        option = getattr(socket, name, None)
+        if option is None or (name == "TCP_KEEPALIVE" and "TCP_KEEPIDLE" in applied):
+            continue
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+            applied.append(name)
+        except OSError:
+            continue
+    if "TCP_KEEPIDLE" not in applied and (platform or sys.platform) == "win32":  # pragma: no cover
+        ioctl = getattr(sock, "ioctl", None)
+        vals = getattr(socket, "SIO_KEEPALIVE_VALS", None)
+        if ioctl is not None and vals is not None:
+            with contextlib.suppress(OSError):
+                ioctl(vals, (1, KEEPALIVE_IDLE_S * 1000, KEEPALIVE_INTERVAL_S * 1000))
+                applied.append("SIO_KEEPALIVE_VALS")
+    return applied
 
 
 def _warn(message: str) -> None:

@@ -10,20 +10,29 @@ wake-up per ``poll_interval``. A transport that can block on readiness instead (
 Each poll runs, in this order: ``on_poll`` (e.g. drain decoded messages), the predicate, ``stop``,
 ``check`` (conditions only the caller can see, e.g. a socket's EOF), ``interrupted``, the deadline
 (asking ``peer_alive`` first: a vanished peer explains a timeout better than the timeout itself), the
-periodic ``peer_alive`` check, then ``idle`` or a sleep.
+periodic ``peer_alive`` check, the long-wait ``notice``, then ``idle`` or a sleep.
+
+Bounds (:mod:`trainer.timeouts`): ``timeout`` is ``math.inf`` where the caller can see that the game is
+alive (``peer_alive``), so a paused editor is waited for as long as it runs; the caller's ``notice`` says
+in the log that a wait is long (the game may be paused) at ``notice_after`` seconds and then at doubling
+intervals.
+
+Where the engine's liveness comes from (the parent process, on POSIX and Windows) is
+:mod:`trainer.transport.liveness`.
 """
 
 from __future__ import annotations
 
-import os
+import math
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from trainer.errors import Interrupted, PeerGone, TrainerError, WaitTimeout
 from trainer.exitcodes import ExitCode
+from trainer.timeouts import WAIT_ADVICE, Timeouts
 
-__all__ = ["SPIN_SECONDS", "TIMEOUT_HINT", "StopRequested", "parent_watch", "wait_until"]
+__all__ = ["SPIN_SECONDS", "TIMEOUT_HINT", "StopRequested", "WaitRule", "say", "wait_until"]
 
 T = TypeVar("T")
 
@@ -47,14 +56,75 @@ class StopRequested(TrainerError):
     exit_code = ExitCode.OK
 
 
-def parent_watch() -> Callable[[], bool]:
-    """A liveness check for a spawning engine: False once our parent process has changed.
+def say(line: str) -> None:
+    """One flushed line on stdout (the engine echoes it into its log) that never raises: a wait must not
+    fail because the engine's output pipe is gone; the wait itself notices the game's death."""
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError):
+        pass
 
-    When the engine that spawned us dies, we are re-parented (to init or a subreaper), so the parent id
-    changes. Comparing with the id at start (rather than testing for 1) also works under subreapers.
+
+class WaitRule:
+    """The bound of every wait of one link, and what the log says about it (:mod:`trainer.timeouts`).
+
+    ``visible``: the link can see whether the game is alive, so its waits have no bound. Otherwise each
+    wait is bounded by ``timeouts.wait``; the first such wait announces the bound and how to change it,
+    and a timeout says the same (``why_unseen`` says why liveness cannot be seen, e.g. "attach mode").
+    Either way a wait that lasts ``timeouts.notice_after`` seconds says so (the game may be paused).
     """
-    initial = os.getppid()
-    return lambda: os.getppid() == initial
+
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        *,
+        visible: bool,
+        why_unseen: str = "",
+        output: Callable[[str], None] = say,
+    ) -> None:
+        self.timeouts = timeouts
+        self.visible = visible
+        self.why_unseen = why_unseen
+        self._say = output
+        self._announced = False
+
+    @property
+    def bound(self) -> float:
+        """Seconds a wait may last: ``math.inf`` where the game's liveness is visible."""
+        return self.timeouts.bound(self.visible)
+
+    def start(self, what: str) -> float:
+        """The bound of a wait for ``what`` that starts now, announced if it is the link's first bounded one."""
+        bound = self.bound
+        if not self._announced and math.isfinite(bound):
+            self._announced = True
+            self._say(
+                f"la-trainer: waiting up to {bound:g} s for {what} ({self.why_unseen}: nothing shows whether "
+                f"the game is alive); {WAIT_ADVICE}."
+            )
+        return bound
+
+    @property
+    def hint(self) -> str:
+        """The advice a timeout message ends with."""
+        return f"{self.why_unseen[:1].upper()}{self.why_unseen[1:]}: nothing shows whether the game is alive; {WAIT_ADVICE}"
+
+    def notice(self, what: str) -> Callable[[float], None]:
+        """The long-wait line for ``what`` (wait_until's ``notice``)."""
+        bound = self.bound
+
+        def notice(elapsed: float) -> None:
+            if math.isinf(bound):
+                tail = (
+                    "the game is alive (paused, or loading?), so the trainer waits for as long as it runs"
+                    if self.visible
+                    else f"no bound is set ({WAIT_ADVICE})"
+                )
+            else:
+                tail = f"the trainer gives up after {bound:g} s; {WAIT_ADVICE}"
+            self._say(f"la-trainer: still waiting for {what} after {elapsed:.0f} s; {tail}.")
+
+        return notice
 
 
 def wait_until(
@@ -69,14 +139,17 @@ def wait_until(
     peer_check_interval: float = 0.5,
     interrupted: Callable[[], bool] | None = None,
     check: Callable[[str], None] | None = None,
-    idle: Callable[[float], None] | None = None,
+    idle: Callable[[float], object] | None = None,
     timeout_hint: str = TIMEOUT_HINT,
+    notice: Callable[[float], None] | None = None,
+    notice_after: float = math.inf,
 ) -> T:
     """Poll ``predicate`` until it returns a truthy value and return that value.
 
     Args:
         predicate: called once per poll; its first truthy result is returned.
-        timeout: seconds before :class:`WaitTimeout` (``what`` is named in the message).
+        timeout: seconds before :class:`WaitTimeout` (``what`` is named in the message); ``math.inf``
+            for none (the caller watches ``peer_alive``).
         what: a phrase completing "waiting for ...", e.g. ``"network 0 from the engine"``.
         poll_interval: seconds slept between polls once the initial spin is over (with ``idle``: the
             longest single ``idle`` call).
@@ -92,11 +165,15 @@ def wait_until(
         idle: called with the seconds left until the next poll is due, instead of spinning and
             sleeping; it may return early once there is something to poll for (a readable socket).
         timeout_hint: the sentence appended to the timeout message (empty: none).
+        notice: called with the seconds waited so far once the wait has lasted ``notice_after`` seconds,
+            then again each time that doubles (a log line: the game may be paused).
+        notice_after: seconds before the first ``notice``.
     """
     start = time.monotonic()
     deadline = start + timeout
     spin_until = start + SPIN_SECONDS
     next_peer_check = start + peer_check_interval
+    next_notice = start + notice_after
     while True:
         if on_poll is not None:
             on_poll()
@@ -120,6 +197,9 @@ def wait_until(
         if peer_alive is not None and now >= next_peer_check:
             _check_peer(peer_alive, what)
             next_peer_check = now + peer_check_interval
+        if notice is not None and now >= next_notice:
+            notice(now - start)
+            next_notice = start + 2.0 * (now - start)
         if idle is not None:
             idle(min(poll_interval, deadline - now))
         elif now < spin_until:
