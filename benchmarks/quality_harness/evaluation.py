@@ -13,6 +13,8 @@ import numpy.typing as npt
 from benchmarks.quality_harness.plan import HarnessConfig, Variant
 from emulator.inference import EnginePolicy
 from emulator.tasks import avoid, bimodal, pendulum
+from protocol.engine.chunks import ChunkLayout
+from protocol.schema import parse_schema
 
 __all__ = [
     "ChunkStepper",
@@ -94,11 +96,14 @@ def evaluate_policy_for(
 
 
 def fm_policy(
-    snapshots: Sequence[bytes], nfe: int, seed: int, cfg: HarnessConfig
+    snapshots: Sequence[bytes], nfe: int, seed: int, cfg: HarnessConfig, variant: Variant
 ) -> Callable[[FloatArray], FloatArray]:
-    """The engine's policy from networks in id order (0 denoiser, 1 encoder, 2 decoder) with a fixed RNG."""
+    """The engine's policy from networks in id order (0 denoiser, 1 encoder, 2 decoder) with a fixed RNG;
+    a chunk comes back step-major through the engine's chunk layout of the task's action schema."""
     denoiser, encoder, decoder = snapshots[:3]
-    policy = EnginePolicy.from_snapshots(encoder, denoiser, decoder, nfe)
+    module = {"b1": bimodal, "b2": avoid, "b3": pendulum}[variant.task]
+    layout = ChunkLayout.from_schema(parse_schema(module.ACTION_SCHEMA, "action"), variant.chunk_size)
+    policy = EnginePolicy.from_snapshots(encoder, denoiser, decoder, nfe, layout)
     return policy.bind(np.random.default_rng([cfg.eval_seed, seed, nfe]))
 
 
