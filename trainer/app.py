@@ -314,6 +314,7 @@ def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None
             task_dir if task_dir is not None and task_dir.is_dir() else None,
             shared_dir=task_dir.parent if task_dir is not None else None,
         )
+        timeouts = Timeouts.from_env(options.wait)  # reads LA_TRAINER_TIMEOUT_SCALE: refused here too
     except LaunchError as error:
         # Refused before the link opens (the game has sent nothing): the paragraph on stderr, which the
         # engine copies into its log, and in the status file for la-trainer watch.
@@ -321,7 +322,6 @@ def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None
         _record_failure(task_dir if task_dir is not None and task_dir.is_dir() else None, None, paragraph, 2)
         print(paragraph, file=sys.stderr, flush=True)
         return int(ExitCode.USAGE)
-    timeouts = Timeouts.from_env(options.wait)
 
     def open_link(flag: InterruptFlag) -> TrainerLink:
         return open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True)

@@ -20,8 +20,9 @@ a listener nobody has connected to yet (``la-trainer socket``). The bound comes 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
+
+from trainer.envvars import environment_number
 
 __all__ = ["DEFAULT_WAIT_S", "WAIT_ADVICE", "Timeouts"]
 
@@ -68,7 +69,9 @@ class Timeouts:
         if wait is not None and (math.isnan(wait) or wait < 0):
             raise ValueError(f"wait must be >= 0 seconds (0: no bound), got {wait!r}")
         base = cls() if wait is None else cls(wait=math.inf if wait == 0 else float(wait))
-        scale = float(os.environ.get("LA_TRAINER_TIMEOUT_SCALE", "1") or "1")
+        scale = environment_number(
+            "LA_TRAINER_TIMEOUT_SCALE", 1.0, "a number > 0 (the factor on every bounded wait)", lambda v: v > 0
+        )
         if scale == 1.0:
             return base
         return replace(base, wait=base.wait * scale)

@@ -23,7 +23,6 @@ machine (a shared folder) staleness alone tells.
 from __future__ import annotations
 
 import math
-import os
 import socket
 import sys
 import time
@@ -78,27 +77,11 @@ def find_status_files(path: Path) -> list[Path]:
 
 
 def _pid_alive(pid: int) -> bool:
-    """True while the process ``pid`` exists (this machine)."""
-    if sys.platform == "win32":
-        # os.kill(pid, 0) would terminate the process on Windows: ask for its exit code instead.
-        import ctypes
+    """True while the process ``pid`` runs on this machine (POSIX signal 0; on Windows a process handle,
+    never ``os.kill``, which would terminate it there)."""
+    from trainer.transport.liveness import process_watch
 
-        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
-        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
-        if not handle:
-            return ctypes.get_last_error() == 5  # ERROR_ACCESS_DENIED: it exists, under another user
-        try:
-            code = ctypes.c_ulong()
-            return bool(kernel32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259
-        finally:
-            kernel32.CloseHandle(handle)  # 259: STILL_ACTIVE
-    try:
-        os.kill(pid, 0)  # signal 0: an existence check, nothing is delivered
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, under another user
-    return True
+    return process_watch(pid)()
 
 
 def judge(

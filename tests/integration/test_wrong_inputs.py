@@ -129,6 +129,12 @@ def test_the_documented_alias_is_accepted(export: Path, tmp_path: Path) -> None:
     )
 
 
+def test_a_bad_timeout_scale(tmp_path: Path) -> None:
+    code, text, modules = run_cli(["socket", "--port", "1"], tmp_path, LA_TRAINER_TIMEOUT_SCALE="abc")
+    check(code, text, modules, ExitCode.USAGE, "LA_TRAINER_TIMEOUT_SCALE is set to 'abc'", "a number > 0")
+    assert not (tmp_path / "la-trainer-runs").exists()  # refused before the run folder or the port
+
+
 def test_a_corrupt_record_file_is_bad_data(tmp_path: Path) -> None:
     (tmp_path / "bad.record").write_bytes(os.urandom(100))
     schema = {"ObservationSchema": {"Type": "Null"}, "ActionSchema": {"Type": "Null"}}
@@ -140,7 +146,16 @@ def test_a_corrupt_record_file_is_bad_data(tmp_path: Path) -> None:
     )
 
 
-def test_a_bad_engine_environment_is_refused_before_the_link_opens(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("variable", "value", "needle"),
+    [
+        ("LA_TRAINER_ODE_STEPS", "abc", "LA_TRAINER_ODE_STEPS sets option 'ode_steps' to 'abc'"),
+        ("LA_TRAINER_TIMEOUT_SCALE", "abc", "LA_TRAINER_TIMEOUT_SCALE is set to 'abc'"),
+    ],
+)
+def test_a_bad_engine_environment_is_refused_before_the_link_opens(
+    tmp_path: Path, variable: str, value: str, needle: str
+) -> None:
     """The engine-spawned path: the options paragraph, not the missing-region one that opening the link
     (for a GUID nobody created) would give."""
     task_dir = tmp_path / "LearningCore" / "Training0"
@@ -153,11 +168,11 @@ def test_a_bad_engine_environment_is_refused_before_the_link_opens(tmp_path: Pat
             "import sys; from trainer.app import engine_main; sys.exit(engine_main(sys.argv[1:]))",
             *argv,
         ],
-        env={**os.environ, "LA_TRAINER_ODE_STEPS": "abc"},
+        env={**os.environ, variable: value},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == ExitCode.USAGE, done.stderr
-    assert "LA_TRAINER_ODE_STEPS sets option 'ode_steps' to 'abc'" in done.stderr
+    assert needle in done.stderr
     assert "0A1B2C3D" not in done.stderr and TRACEBACK not in done.stderr

@@ -182,8 +182,8 @@ def test_every_la_trainer_variable_the_code_reads_is_known() -> None:
     used: set[str] = set()
     for folder in ("trainer", "emulator", "scripts", "tests"):
         for path in (REPO / folder).rglob("*.py"):
-            if path.name == "test_options.py":
-                continue  # misspells names on purpose
+            if path.name in ("test_options.py", "test_wrong_inputs.py"):
+                continue  # they misspell names on purpose
             for text in _string_constants(path):
                 used |= set(re.findall(r"\bLA_TRAINER_[A-Z0-9_]*[A-Z0-9]\b", text))
     assert used - known == set()
