@@ -224,6 +224,10 @@ class _Session:
             self._note(f"round {len(record.rounds)} received")
             if isinstance(game, ShmGame) and len(record.rounds) == 1:
                 record.experience_signal_at_first_round = game.control(Control.EXPERIENCE_SIGNAL)
+            if s.pause_after_round is not None and s.pause_after_round[0] == len(record.rounds):
+                self._note(f"paused for {s.pause_after_round[1]:g} s")
+                time.sleep(s.pause_after_round[1])
+                self._note("resumed")
 
         begin_training(game, config, snapshots, self.task.replay_buffer, after_network=network_sent)
         self._note("experience sent")

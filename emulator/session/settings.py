@@ -91,6 +91,9 @@ class SessionSettings:
     """Send Stop (EndTraining) after this many rounds instead of waiting for Complete."""
     config_delay_s: float = 0.0
     """Spawned modes: time between launching the trainer and BeginTraining (0: at once, the strictest)."""
+    pause_after_round: tuple[int, float] | None = None
+    """``(n, seconds)``: after round ``n`` arrived the game stops ticking for that long, as an editor paused
+    at a breakpoint or in a level load does (spec §11 item 6): nothing is taken, sent or answered."""
     log: bool = True
     """LogSettings Normal (``-l``); False passes the empty ``""`` item (§1.2)."""
     trainer_module: str = DEFAULT_TRAINER_MODULE

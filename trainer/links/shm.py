@@ -123,6 +123,12 @@ class ShmTrainerLink:
         self._next_peer_check = time.monotonic() + self._timeouts.peer_check_interval
 
     @property
+    def wait_bound(self) -> float:
+        """Seconds the link's next wait on the game may last: ``math.inf`` where it sees the game alive,
+        else ``Timeouts.wait`` (:class:`~trainer.transport.wait.WaitRule`)."""
+        return self._rule.bound
+
+    @property
     def guid_string(self) -> str:
         """The controls GUID as the engine prints it (attach mode: give this to the game)."""
         return self._guid_string

@@ -98,6 +98,12 @@ class SocketTrainerLink:
         self._closed = False
 
     @property
+    def wait_bound(self) -> float:
+        """Seconds the link's next wait on the game may last: ``math.inf`` where it sees the game alive,
+        else ``Timeouts.wait`` (:class:`~trainer.transport.wait.WaitRule`)."""
+        return self._rule.bound
+
+    @property
     def port(self) -> int:
         """The port we listen on (useful with port 0)."""
         if self._server is None:
