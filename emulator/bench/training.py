@@ -4,7 +4,9 @@ Per configuration of :data:`~emulator.bench.config.TRAIN_CONFIGS`, the contender
 :class:`trainer.job.TrainingJob` runs, with the thread count the trainer picks), ``autograd``
 (:func:`trainer.steps.autograd.train_step`, the readable reference) and ``reference``: the loop a public
 flow-matching example would write (``nn.Sequential``, ``torch.optim.AdamW`` with the same hyperparameters
-and amsgrad, per-step sampling, torch's default threads, no EMA). The roofline is the matmul rate (an
+and amsgrad, per-step sampling, no EMA), timed at torch's default thread count and on one thread: the
+headline ``ours_over_reference`` takes the reference at the faster of the two in the same run (the
+ratio at the default count stays in ``ours_over_reference_default_threads``). The roofline is the matmul rate (an
 N³ ``torch.mm`` on every core, timed interleaved with the contenders so that it sees the same load)
 divided by the MLP's FLOPs per iteration, ``6·B·Σ In·Out``. On CUDA the same contenders also run on the
 GPU (no CUDA graphs). Each rate is the median of ``--repeats`` runs, contenders interleaved so that load
@@ -256,17 +258,31 @@ def measure_training(cfg: TrainConfig, settings: BenchSettings, device: torch.de
     gflops = matmul_rate["it_per_s"] * 2.0 * size**3 / 1e9
     roofline = gflops * 1e9 / cfg.flops_per_iteration
     ours = timed["ours"]["it_per_s"]
+    # The headline compares ours with the reference at the reference's best thread count in this run:
+    # ours runs at the thread count the trainer chooses (1 for small networks, where threading costs more
+    # than it saves), and the reference loop may also be faster on one thread than at torch's default.
+    reference_threads = {"reference": torch.get_num_threads()}
+    if "reference_1_thread" in timed:
+        reference_threads["reference_1_thread"] = 1
+    best = max(reference_threads, key=lambda name: timed[name]["it_per_s"])
+    best_rate = timed[best]["it_per_s"]
     return {
         "config": asdict(cfg)
         | {"description": cfg.describe(), "flops_per_iteration": cfg.flops_per_iteration},
-        "threads": {"ours": ours_threads, "reference": torch.get_num_threads()},
+        "threads": {
+            "ours": ours_threads,
+            "reference": torch.get_num_threads(),
+            "reference_best": reference_threads[best],
+        },
         "contenders": timed,
         "matmul_gflops": gflops,
         "roofline_it_per_s": roofline,
-        "ours_over_reference": ratio(ours, timed["reference"]["it_per_s"]),
+        "reference_best_it_per_s": best_rate,
+        "ours_over_reference": ratio(ours, best_rate),
+        "ours_over_reference_default_threads": ratio(ours, timed["reference"]["it_per_s"]),
         "ours_over_autograd": ratio(ours, timed["autograd"]["it_per_s"]),
         "ours_over_roofline": ratio(ours, roofline),
-        "reference_over_roofline": ratio(timed["reference"]["it_per_s"], roofline),
+        "reference_over_roofline": ratio(best_rate, roofline),
     }
 
 

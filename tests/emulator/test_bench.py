@@ -51,6 +51,12 @@ def test_the_tiny_bench_writes_every_section_with_the_expected_keys(tmp_path: Pa
     assert default["config"]["flops_per_iteration"] == TRAIN_CONFIGS[0].flops_per_iteration
     for key in ("roofline_it_per_s", "ours_over_reference", "ours_over_roofline", "ours_over_autograd"):
         assert finite(default[key]), key
+    # The headline divides by the reference at its best thread count in the run, never a slower one.
+    contenders = default["contenders"]
+    references = [contenders[k]["it_per_s"] for k in ("reference", "reference_1_thread") if k in contenders]
+    assert default["reference_best_it_per_s"] == max(references)
+    assert default["ours_over_reference"] == pytest.approx(contenders["ours"]["it_per_s"] / max(references))
+    assert default["ours_over_reference"] <= default["ours_over_reference_default_threads"] + 1e-12
 
     for transport in ("shm", "socket"):
         ingest = data["ingest"][transport]
