@@ -31,10 +31,13 @@ from pathlib import Path
 from types import TracebackType
 
 from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs, format_launch_argv
+from trainer.handover import ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE
 
 __all__ = [
     "DEFAULT_TASK_NAME",
     "DEFAULT_TRAINER_MODULE",
+    "ENGINE_STAND_IN_EXIT",
+    "ENGINE_TRAIN_PY_STAND_IN",
     "FLOW_MATCHING_TRAINER_MODULE",
     "LOG_PREFIX",
     "REPO_ROOT",
@@ -73,10 +76,19 @@ TRAIN_SCRIPT = _train_script()
 
 DEFAULT_TASK_NAME = "Training"
 """``FLearningAgentsTrainerProcessSettings::TaskName`` default (§1.6)."""
-DEFAULT_TRAINER_MODULE = "learning_core.train_behavior_cloning"
+DEFAULT_TRAINER_MODULE = ENGINE_DEFAULT_MODULE
 """``TrainerFileName`` default (§1.6). The FM trainer does not change it, so this is what a game sends."""
-FLOW_MATCHING_TRAINER_MODULE = "learning_core.train_flow_matching"
+FLOW_MATCHING_TRAINER_MODULE = FLOW_MATCHING_MODULE
 """[INF] The module name a user would presumably set for flow matching (spec Unknown 10)."""
+
+ENGINE_STAND_IN_EXIT = 99
+"""The stand-in engine script's exit code (no exit code of la-trainer's)."""
+ENGINE_TRAIN_PY_STAND_IN = (
+    "import sys\n"
+    'print("stand-in for the engine\'s own train.py: it ran", flush=True)\n'
+    f"sys.exit({ENGINE_STAND_IN_EXIT})\n"
+)
+"""What the fake engine tree holds as the engine's ``train.py``: it says it ran and exits 99."""
 
 LOG_PREFIX = "Subprocess: "
 """Prefix the engine puts in front of every echoed trainer output line (§1.1)."""
@@ -125,7 +137,20 @@ class EngineLayout:
         )
         for path in (layout.intermediate_dir, layout.nne_cpu_path, layout.custom_trainer_path):
             path.mkdir(parents=True, exist_ok=True)
+        # The engine's own train.py, beside the NNE plugin where la-trainer looks for it (trainer.handover):
+        # a stand-in that fails loudly, so a flow-matching session handed over by mistake cannot pass.
+        layout.engine_train_py.parent.mkdir(parents=True, exist_ok=True)
+        if not layout.engine_train_py.exists():
+            layout.engine_train_py.write_text(ENGINE_TRAIN_PY_STAND_IN, encoding="utf-8")
         return layout
+
+    @property
+    def engine_train_py(self) -> Path:
+        """``<EngineDir>/Plugins/Experimental/LearningCore/Content/Python/train.py``: the engine's own script
+        (spec §1.1), a stand-in here (:data:`ENGINE_TRAIN_PY_STAND_IN`; hand-over tests replace it)."""
+        return (
+            self.engine_dir / "Plugins" / "Experimental" / "LearningCore" / "Content" / "Python" / "train.py"
+        )
 
 
 def make_task_dir(intermediate_dir: str | os.PathLike[str], task_name: str = DEFAULT_TASK_NAME) -> Path:

@@ -22,8 +22,16 @@ from typing import TYPE_CHECKING, TextIO
 
 from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs, parse_launch_argv
 from protocol.errors import ArgvError, ProtocolError
-from trainer.errors import LaunchError, PeerGone, TrainerError, exit_code_for
+from trainer.errors import LaunchError, PeerGone, TrainerError, Unsupported, exit_code_for
 from trainer.exitcodes import ExitCode
+from trainer.handover import (
+    ENV_ENGINE_TRAIN_PY,
+    FLOW_MATCHING,
+    HandOver,
+    engine_train_py,
+    hand_over,
+    socket_hands_over,
+)
 from trainer.options import TrainerOptions, load_options
 from trainer.timeouts import Timeouts
 
@@ -199,6 +207,8 @@ def run_with_link(
     except KeyboardInterrupt:
         _emit("la-trainer: interrupted.")
         return int(ExitCode.INTERRUPTED)
+    except HandOver:
+        raise  # not a failure: engine_main runs the engine's own train.py (the link is closed below)
     except BaseException as error:
         if isinstance(error, BrokenPipeError):
             # Sockets turn their EPIPE into PeerGone, so this one is our own stdout/stderr: the engine
@@ -287,6 +297,29 @@ def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None
     except ArgvError as error:
         print(_error_paragraph(error), file=sys.stderr, flush=True)
         return int(ExitCode.USAGE)
+    # Runs la-trainer does not train go to the engine's own train.py (trainer.handover): over a socket
+    # decided from -m before anything is bound; over spawned shared memory from TrainerMethod, before the
+    # config is acknowledged (in open_link below). Not under torchrun (runner): one script per rank there.
+    spawned_shm = isinstance(args.mode, SharedMemoryArgs) and not args.mode.create_mem and runner is None
+    target, no_target = (
+        engine_train_py(args.nne_cpu_path, sys.argv[0])
+        if spawned_shm or isinstance(args.mode, SocketArgs)
+        else (None, "")
+    )
+    if isinstance(args.mode, SocketArgs) and runner is None and socket_hands_over(args.trainer_module):
+        if target is None:
+            paragraph = (
+                f"la-trainer: -m {args.trainer_module} is not a flow-matching trainer and the engine's own "
+                f"train.py was not found to hand the run to ({no_target}); set {ENV_ENGINE_TRAIN_PY} to it "
+                "(docs/unreal-install.md, 'Other trainers')."
+            )
+            print(paragraph, file=sys.stderr, flush=True)
+            return int(ExitCode.UNSUPPORTED)
+        _emit(
+            f"la-trainer: -m {args.trainer_module}: handing the run to the engine's own trainer {target}",
+            sys.stdout,
+        )
+        return hand_over(target, list(argv))
     task_dir: Path | None
     if isinstance(args.mode, SharedMemoryArgs):
         task_dir = Path(args.mode.task_dir)
@@ -324,9 +357,50 @@ def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None
         return int(ExitCode.USAGE)
 
     def open_link(flag: InterruptFlag) -> TrainerLink:
-        return open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True)
+        link = open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True)
+        if spawned_shm:
+            _keep_flow_matching(link, task_dir if options.status_file else None, target, no_target)
+        return link
 
     if runner is not None:
         # Scale-out's rank 0 calls run_with_link itself, whose default reads the same Timeouts.from_env(wait).
         return runner(open_link, options=options, task_dir=task_dir)
-    return run_with_link(open_link, options=options, task_dir=task_dir, timeouts=timeouts)
+    try:
+        return run_with_link(open_link, options=options, task_dir=task_dir, timeouts=timeouts)
+    except HandOver as handover:
+        _emit(f"la-trainer: {handover}", sys.stdout)
+        return hand_over(handover.target, list(argv))
+
+
+def _keep_flow_matching(
+    link: TrainerLink, task_dir: Path | None, target: Path | None, no_target: str
+) -> None:
+    """Spawned shared memory: wait for the config and read its TrainerMethod without acknowledging it
+    (before torch is imported); anything but FlowMatching raises :class:`HandOver` (or, with no engine
+    script to hand over to, :class:`Unsupported`) after closing the link. Closes the link on any error."""
+    from trainer.links import ShmTrainerLink
+    from trainer.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase
+
+    if not isinstance(link, ShmTrainerLink):
+        return
+    status_path = task_dir / STATUS_FILE_NAME if task_dir is not None else None
+    try:
+        # What run_training records first, from the start of the wait (la-trainer watch, the heartbeat).
+        with ProgressReporter(0, status_path=status_path) as reporter:
+            reporter.phase(RunPhase.WAITING_FOR_CONFIG)
+            method = link.peek_trainer_method()
+        if method == FLOW_MATCHING:
+            return
+        if target is None:
+            raise Unsupported(
+                f"TrainerMethod is {method!r}: la-trainer trains only FlowMatching and cannot hand this run to "
+                f"the engine's own train.py ({no_target}). Set {ENV_ENGINE_TRAIN_PY} to the engine's "
+                "Plugins/Experimental/LearningCore/Content/Python/train.py (docs/unreal-install.md, 'Other "
+                "trainers')."
+            )
+        link.ping()  # the engine's wait clock restarts: the engine's script starts from a fresh timeout
+    except BaseException:
+        link.close()
+        raise
+    link.close()  # unmap only: the engine created the control block
+    raise HandOver(method, target)

@@ -148,6 +148,11 @@ class _LazyGroup(click.Group):
             "doctor_command",
             "Check this machine: Python, torch, GPU, shared memory, extras.",
         ),
+        "install-engine": (
+            "trainer.install_engine",
+            "install_engine_command",
+            "Make an Unreal project's engine run la-trainer (no engine file changed; --undo).",
+        ),
         "record": ("trainer.record_cli", "record_command", "Train from .record files and a recorder schema."),
         "report": ("trainer.report", "report_command", "Draw a run's loss curve from its metrics log."),
     }
@@ -312,7 +317,9 @@ def socket_command(host: str, port: int, temp_dir: Path, **kwargs: Any) -> None:
     from trainer.runrecord import new_task_folder
     from trainer.timeouts import Timeouts
 
-    options = load_options(None, training_overrides(kwargs), shared_dir=temp_dir if temp_dir.is_dir() else None)
+    options = load_options(
+        None, training_overrides(kwargs), shared_dir=temp_dir if temp_dir.is_dir() else None
+    )
     timeouts = Timeouts.from_env(options.wait)
     task_dir = new_task_folder(temp_dir, "External")
     click.echo(f"Run folder: {task_dir}")

@@ -28,6 +28,7 @@ from protocol.snapshot import Snapshot, read_snapshot, snapshot_with_model, writ
 from trainer import __version__
 from trainer.errors import BadData, Diverged, PeerGone, Unsupported, WaitTimeout
 from trainer.exitcodes import ExitCode
+from trainer.handover import FLOW_MATCHING, socket_refusal
 from trainer.options import TrainerOptions
 from trainer.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase, log
 from trainer.runrecord import RunLog, run_name, task_name_of
@@ -54,7 +55,7 @@ __all__ = [
 NETWORK_IDS = (0, 1, 2)
 """Denoiser, encoder, decoder: the engine's AddNetwork order (spec §4.3)."""
 NETWORK_ROLES = {0: "denoiser", 1: "encoder", 2: "decoder"}
-SUPPORTED_METHODS = ("FlowMatching",)
+SUPPORTED_METHODS = (FLOW_MATCHING,)
 DEFAULT_TIMEOUTS = Timeouts()
 """The documented defaults, for callers without a run's own :class:`Timeouts` (tests, tools)."""
 
@@ -248,9 +249,12 @@ def _story(
         log(f"warning: config: {warning}")
     method = config.trainer.trainer_method
     if method not in SUPPORTED_METHODS:
+        if link.comm_type == "Socket":
+            raise socket_refusal(method)  # the game is connected to us: no hand-over (trainer.handover)
         raise Unsupported(
             f"TrainerMethod is {method!r} but la-trainer trains only {', '.join(SUPPORTED_METHODS)}. "
-            "Use the engine's own train.py for other methods."
+            "Engine-spawned shared-memory runs of other methods go to the engine's own train.py "
+            "(docs/unreal-install.md, 'Other trainers'); run this one with the engine's trainer."
         )
 
     # 2. The three initial networks, in the engine's order (spec §2.4, §7.1).

@@ -156,15 +156,13 @@ def _method(method: str) -> Callable[[Path], None]:
             ("trainer-config.json",),
         ),
         (_remove_shared_memory_json, {ExitCode.USAGE, ExitCode.BAD_DATA}, ("shared-memory-",)),
-        (_method("PPO"), ExitCode.UNSUPPORTED, ("PPO",)),
     ],
     ids=[
         "garbled-data-config",
         "wrong-type-trainer-config",
         "unreadable-trainer-config",
         "missing-shm-json",
-        "ppo",
-    ],
+    ],  # other TrainerMethods go to the engine's own train.py: tests/integration/test_handover.py
 )
 def test_bad_shared_memory_configs_name_the_file(
     layout: EngineLayout,

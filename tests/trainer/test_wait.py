@@ -167,4 +167,3 @@ def test_the_timeout_hint_is_replaced_or_left_out() -> None:
     with pytest.raises(WaitTimeout) as info:
         wait_until(lambda: None, timeout=0.0, what="x", poll_interval=0.001, timeout_hint="")
     assert str(info.value) == "timed out after 0 s waiting for x"
-

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.data import Batch, TensorData
+from trainer.dropin import ENV_ENGINE_PID, ENV_NPROC, ENV_TORCHRUN_ARGS
 from trainer.errors import LaunchError
 from trainer.steps.autograd import BatchSampler
 
@@ -36,19 +37,12 @@ __all__ = [
     "select_backend",
 ]
 
-ENV_NPROC = "LA_TRAINER_NPROC_PER_NODE"
-"""Outside torchrun: > 1 makes :func:`trainer.distributed.main` re-execute itself under torchrun with this
-many processes."""
-ENV_TORCHRUN_ARGS = "LA_TRAINER_TORCHRUN_ARGS"
-"""Extra torchrun arguments for that re-execution (default ``--standalone``; multi-node: ``--nnodes``...)."""
 ENV_BACKEND = "LA_TRAINER_DIST_BACKEND"
 """Override the process-group backend string (default: ``cpu:gloo,cuda:nccl`` with CUDA, else ``gloo``)."""
 ENV_TIMEOUT = "LA_TRAINER_DIST_TIMEOUT_SECONDS"
 """Collective timeout, seconds (default :data:`DEFAULT_TIMEOUT_S`)."""
 ENV_AGREE = "LA_TRAINER_DIST_AGREE_EVERY"
 """Steps between the ranks' agreements on stop / interrupt / loss (default 8)."""
-ENV_ENGINE_PID = "LA_TRAINER_ENGINE_PID"
-"""Set by the launcher: the process that started us (the engine); rank 0 stops when it is gone."""
 ENV_STALL = "LA_TRAINER_DIST_STALL_SECONDS"
 """Seconds a training step may wait on the other ranks before rank 0 gives up (default 300)."""
 

@@ -30,18 +30,17 @@ from protocol.errors import ControlError, GuidError
 from protocol.guid import os_shm_name, parse_guid, platform_guid_string
 from protocol.replay import ReplayBuffer, ReplayLayout
 from trainer.errors import BadData, LaunchError, PeerGone, WaitTimeout
+from trainer.handover import FLOW_MATCHING
 from trainer.links.base import check_snapshot_size
 from trainer.timeouts import Timeouts
 from trainer.transport.files import CONFIG_FILE_LIMIT
 from trainer.transport.liveness import parent_watch
+from trainer.transport.lockfile import ControlBlockLock
 from trainer.transport.shm import SharedRegion, region_exists
 from trainer.transport.staging import ReplayStaging
 from trainer.transport.wait import WaitRule, wait_until
 
-__all__ = ["FLOW_MATCHING", "ShmTrainerLink"]
-
-FLOW_MATCHING = "FlowMatching"
-"""The TrainerMethod la-trainer trains; the engine's default when trainer-config.json has no such key."""
+__all__ = ["ShmTrainerLink"]
 
 T = TypeVar("T")
 
@@ -103,15 +102,22 @@ class ShmTrainerLink:
         self._config: SessionConfig | None = None
         self._stopped = False
         self._closed = False
-        if create:
-            self._control_region = SharedRegion.create(
-                self._controls_name, CONTROL_BLOCK_BYTES, label="control block"
-            )
-            init_controls(self._control_region.buf)
-        else:
-            self._control_region = SharedRegion.open(
-                self._controls_name, CONTROL_BLOCK_BYTES, label=f"control block {self._guid_string}"
-            )
+        # One trainer per control block (transport/lockfile.py); taken before the block is touched, so a
+        # second trainer never clears a signal the first one is waiting on.
+        self._lock = ControlBlockLock(self._guid_string)
+        try:
+            if create:
+                self._control_region = SharedRegion.create(
+                    self._controls_name, CONTROL_BLOCK_BYTES, label="control block"
+                )
+                init_controls(self._control_region.buf)
+            else:
+                self._control_region = SharedRegion.open(
+                    self._controls_name, CONTROL_BLOCK_BYTES, label=f"control block {self._guid_string}"
+                )
+        except BaseException:
+            self._lock.release()
+            raise
         self._controls = TrainerControls(self._control_region.buf)
         watching = watch_parent if watch_parent is not None else not create
         self._parent_alive = parent_watch() if watching else None
@@ -399,7 +405,10 @@ class ShmTrainerLink:
             for region in regions:
                 region.close()
         finally:
-            self._control_region.close()
+            try:
+                self._control_region.close()
+            finally:
+                self._lock.release()
 
     def __enter__(self) -> ShmTrainerLink:
         return self

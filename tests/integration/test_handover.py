@@ -1,0 +1,205 @@
+"""The engine's other trainers keep working with la-trainer in place of its train.py (trainer.handover).
+
+The engine side is the emulator's game (ShmGame: control block, config files, regions); the engine's own
+``train.py`` is a recording stand-in in the fake engine tree, where la-trainer finds it (beside the NNE
+plugin named by ``--nne-cpu-path``). The stand-in writes down what it got (argv, process id, working
+folder, interpreter, environment, the control block and the config as it found them) and then carries on
+the session as the engine's trainer would: it acknowledges the config and asks for network 0, which the
+game hands over. So the session reached it intact, from its start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from emulator.game import ShmGame
+from emulator.launch import (
+    EngineLayout,
+    TrainerProcess,
+    make_task_dir,
+    shared_memory_command,
+    socket_command,
+)
+from emulator.session import EngineTask, build_session_config, free_tcp_port
+from tests.support.sessions import SETTINGS
+from trainer.exitcodes import ExitCode
+from trainer.handover import DROPIN_MARKER, ENV_HANDED_OVER
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(sys.platform == "win32", reason="the stand-in maps the block with posix_ipc"),
+]
+
+EXIT_BOUND_S = 60.0
+"""The trainer, the hand-over and the stand-in, start to end (python starts twice; no torch import)."""
+
+RECORDING_STAND_IN = r"""
+import json, mmap, os, struct, sys, time
+import posix_ipc
+
+out = {"argv": sys.argv[1:], "pid": os.getpid(), "cwd": os.getcwd(), "executable": sys.executable,
+       "handed_over": os.environ.get("LA_TRAINER_HANDED_OVER")}
+if "SharedMemory" in sys.argv:
+    guid = sys.argv[sys.argv.index("-g") + 1]
+    task_dir = sys.argv[sys.argv.index("SharedMemory") + 1]
+    shm = posix_ipc.SharedMemory("/" + guid, 0)
+    block = mmap.mmap(shm.fd, 40)
+    shm.close_fd()
+    controls = list(struct.unpack_from("<10i", block))
+    out["controls_found"] = controls
+    with open(os.path.join(task_dir, "Configs", "trainer-config.json"), "rb") as f:
+        raw = f.read()
+    text = raw.decode("utf-16") if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else raw.decode("utf-8")
+    out["method"] = json.loads(text)["TrainerMethod"]
+    # What the engine's trainer does next (spec 2.4): acknowledge the config, request network 0.
+    struct.pack_into("<i", block, 12, 0)
+    struct.pack_into("<i", block, 32, 0)
+    struct.pack_into("<i", block, 16, 1)
+    deadline = time.monotonic() + 30
+    while struct.unpack_from("<i", block, 16)[0] != 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    out["network_0_taken"] = struct.unpack_from("<i", block, 16)[0] == 0
+    block.close()
+else:
+    host, port = sys.argv[sys.argv.index("Socket") + 1].rsplit(":", 1)
+    listener = __import__("socket").create_server((host, int(port)))  # the port is still free
+    out["listened"] = True
+    listener.close()
+with open(os.environ["STAND_IN_OUT"], "w") as f:
+    json.dump(out, f)
+sys.exit(0)
+"""
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> EngineLayout:
+    layout = EngineLayout.create(tmp_path / "engine")
+    layout.engine_train_py.write_text(RECORDING_STAND_IN, encoding="utf-8")
+    return layout
+
+
+@pytest.fixture(scope="module")
+def task() -> EngineTask:
+    return EngineTask.benchmark("bimodal", size=48, seed=0)
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {**os.environ, "STAND_IN_OUT": str(tmp_path / "stand-in.json")}
+    env.pop(ENV_HANDED_OVER, None)
+    return env
+
+
+def _method(method: str) -> Callable[[Path], None]:
+    def tamper(config_dir: Path) -> None:
+        path = config_dir / "trainer-config.json"
+        raw = path.read_bytes()
+        encoding = "utf-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8"
+        text = raw.decode(encoding).replace('"FlowMatching"', f'"{method}"')
+        path.write_bytes(text.encode(encoding))
+
+    return tamper
+
+
+@pytest.mark.parametrize("method", ["BehaviorCloning", "PPO"])
+def test_a_shared_memory_run_of_another_method_reaches_the_engine_script_intact(
+    method: str, layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    config, snapshots = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
+    task_dir = make_task_dir(layout.intermediate_dir)
+    game = ShmGame.create(task_dir / "Configs", timeout=EXIT_BOUND_S)
+    argv = shared_memory_command(layout, "Training", task_dir, game.controls_guid, log=False)
+    proc = TrainerProcess(argv, cwd=layout.root, env=_env(tmp_path))
+    try:
+        game.process_alive = proc.alive
+        game.begin(config, before_signal=_method(method))
+        game.send_network(0, snapshots[0])  # returns once the stand-in asked for it and took it
+        code = proc.wait(EXIT_BOUND_S)
+        output = proc.output()
+    finally:
+        proc.close()
+        game.close()
+    assert code == 0, output
+    seen = json.loads((tmp_path / "stand-in.json").read_text())
+    assert seen["argv"] == argv[2:]  # verbatim, the empty log item included
+    assert seen["pid"] == proc.pid  # exec: the engine's process handle and output pipe still name it
+    assert seen["cwd"] == str(layout.root) and seen["executable"] == sys.executable
+    assert seen["handed_over"] == "1"
+    assert seen["method"] == method
+    controls = seen["controls_found"]
+    assert controls[3] == 1, controls  # ConfigSignal still raised: la-trainer acknowledged nothing
+    assert controls[4] == 0 and controls[8] == -1, controls  # no network was requested before it
+    assert seen["network_0_taken"] is True
+    assert f"TrainerMethod is '{method}'" in output and str(layout.engine_train_py) in output
+
+
+def test_a_socket_run_for_another_module_is_handed_over_before_anything_is_bound(
+    layout: EngineLayout, tmp_path: Path
+) -> None:
+    port = free_tcp_port()
+    argv = socket_command(layout, "Training", "127.0.0.1", port, trainer_module="learning_core.train_ppo")
+    proc = TrainerProcess(argv, cwd=layout.root, env=_env(tmp_path))
+    try:
+        code = proc.wait(EXIT_BOUND_S)
+        output = proc.output()
+    finally:
+        proc.close()
+    assert code == 0, output
+    seen = json.loads((tmp_path / "stand-in.json").read_text())
+    assert seen["argv"] == argv[2:] and seen["pid"] == proc.pid and seen["listened"] is True
+
+
+def test_a_socket_run_whose_config_is_not_flow_matching_fails_fast_and_says_what_to_do(
+    layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    from emulator.game import SocketGame
+
+    config, _ = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
+    config = replace(config, trainer=replace(config.trainer, trainer_method="BehaviorCloning"))
+    port = free_tcp_port()
+    argv = socket_command(layout, "Training", "127.0.0.1", port)  # the engine's default -m
+    proc = TrainerProcess(argv, cwd=layout.root, env=_env(tmp_path))
+    try:
+        game = SocketGame.connect("127.0.0.1", port, timeout=EXIT_BOUND_S, process_alive=proc.alive)
+        try:
+            game.begin(config)
+            code = proc.wait(EXIT_BOUND_S)
+        finally:
+            game.close()
+        output = proc.output()
+    finally:
+        proc.close()
+    assert code == ExitCode.UNSUPPORTED, output
+    assert "'BehaviorCloning'" in output and "TrainerFileName" in output and "Traceback" not in output
+    assert not (tmp_path / "stand-in.json").exists()
+
+
+def test_la_trainer_copied_over_the_engine_script_is_refused_not_looped(
+    layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    """The README used to tell users to copy the drop-in over the engine's file: then there is no original
+    to hand a PPO run to, and la-trainer must say so (exit 7), never run itself again."""
+    layout.engine_train_py.write_text(f'"""{DROPIN_MARKER}"""\nimport sys\nsys.exit(98)\n', encoding="utf-8")
+    config, _ = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
+    task_dir = make_task_dir(layout.intermediate_dir)
+    game = ShmGame.create(task_dir / "Configs", timeout=EXIT_BOUND_S)
+    argv = shared_memory_command(layout, "Training", task_dir, game.controls_guid)
+    proc = TrainerProcess(argv, cwd=layout.root, env=_env(tmp_path))
+    try:
+        game.process_alive = proc.alive
+        game.begin(config, before_signal=_method("PPO"))
+        code = proc.wait(EXIT_BOUND_S)
+        output = proc.output()
+    finally:
+        proc.close()
+        game.close()
+    assert code == ExitCode.UNSUPPORTED, output
+    assert "'PPO'" in output and "la-trainer itself" in output and "Traceback" not in output

@@ -1,0 +1,172 @@
+"""Runs la-trainer does not train go, untouched, to the engine's own ``train.py``.
+
+The engine spawns one ``train.py`` for BehaviorCloning, PPO and FlowMatching; only ``TrainerMethod`` in the
+trainer config tells them apart (spec §1.6, §11 item 3). Once the engine runs la-trainer in place of its
+script (``la-trainer install-engine``, ``-LearningAgentsEnginePath``), its other trainers must keep working:
+
+* **Shared memory** (spawned): before torch is imported, the trainer waits for ConfigSignal and reads
+  ``TrainerMethod`` without acknowledging (:meth:`trainer.links.ShmTrainerLink.peek_trainer_method`). For
+  anything but FlowMatching it pings once (the engine's wait clock restarts), unmaps the control block (the
+  engine created it: never unlinked) and runs the engine's ``train.py`` with the same interpreter and the
+  identical argv. POSIX: ``os.execve``, so the process id and the output pipe the engine holds stay the
+  same. Windows has no exec that keeps the process (``os.execv`` starts a new one and ends this one, which
+  the engine would see as a dead trainer): the script runs as our child with our output handles, and we
+  return its exit code; the engine's Terminate ends the whole tree. The engine does not wait for the
+  config acknowledgement (spec §2.4), so the original sees the session as from its start.
+* **Socket**: no hand-over after the config is read: the engine connects once, right after spawning us,
+  and the method arrives only inside the config on that connection, which the engine's ``train.py`` (a
+  listener itself) cannot adopt. So the decision comes from ``-m`` before we bind: a module that is neither
+  the engine's default (``learning_core.train_behavior_cloning``, which flow-matching call sites send too,
+  spec §1.6) nor the flow-matching one is handed over before anything is opened; a config that turns out
+  not to be FlowMatching fails fast, naming the method and what to do (:func:`socket_refusal`).
+
+Where the engine's ``train.py`` is: ``LA_TRAINER_ENGINE_TRAIN_PY`` (the install-engine shim sets it from
+its record), else beside the NNE plugin the engine names with ``--nne-cpu-path``
+(``<EngineDir>/Plugins/Experimental/NNERuntimeBasicCpu/Content/Python`` ->
+``<EngineDir>/Plugins/Experimental/LearningCore/Content/Python/train.py``; the engine discovers that path
+from the plugin itself, so it points at the real engine even under ``-LearningAgentsEnginePath``). A target
+that is la-trainer itself (a copy of the drop-in over the engine's file, recognised by
+:data:`DROPIN_MARKER`) or a second hand-over in a row (:data:`ENV_HANDED_OVER`) is never run: the run is
+refused with exit code 7 instead of looping.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from trainer.errors import TrainerError, Unsupported
+from trainer.exitcodes import ExitCode
+
+__all__ = [
+    "DROPIN_MARKER",
+    "ENGINE_DEFAULT_MODULE",
+    "ENV_ENGINE_TRAIN_PY",
+    "ENV_HANDED_OVER",
+    "FLOW_MATCHING",
+    "FLOW_MATCHING_MODULE",
+    "HandOver",
+    "engine_train_py",
+    "hand_over",
+    "is_la_trainer_script",
+    "socket_hands_over",
+    "socket_refusal",
+]
+
+FLOW_MATCHING = "FlowMatching"
+"""The one ``TrainerMethod`` la-trainer trains (also the engine's default when the key is absent)."""
+ENV_ENGINE_TRAIN_PY = "LA_TRAINER_ENGINE_TRAIN_PY"
+"""Explicit path of the engine's own ``train.py``."""
+ENV_HANDED_OVER = "LA_TRAINER_HANDED_OVER"
+"""Set in the environment of the engine's script: a la-trainer started with it refuses to hand over again."""
+DROPIN_MARKER = "la-trainer drop-in for the engine's train.py"
+"""Text in every ``train.py`` la-trainer ships or writes (the packaged drop-in, ``scripts/train.py``, the
+install-engine shim): such a file is never taken for the engine's original."""
+ENGINE_DEFAULT_MODULE = "learning_core.train_behavior_cloning"
+"""``TrainerFileName``'s engine default (spec §1.6): what a flow-matching call site sends unless changed."""
+FLOW_MATCHING_MODULE = "learning_core.train_flow_matching"
+"""[INF] The flow-matching module name (spec Unknown 10); a user may set it on flow-matching call sites."""
+
+_NNE_SUFFIX = ("Plugins", "Experimental", "NNERuntimeBasicCpu", "Content", "Python")
+_ENGINE_SCRIPT = ("Plugins", "Experimental", "LearningCore", "Content", "Python", "train.py")
+_MARKER_SCAN_BYTES = 65536
+
+
+class HandOver(TrainerError):
+    """Raised before anything was acknowledged: the run belongs to the engine's own ``train.py``."""
+
+    exit_code = ExitCode.UNSUPPORTED
+
+    def __init__(self, method: str, target: Path) -> None:
+        super().__init__(
+            f"TrainerMethod is {method!r}: la-trainer trains only FlowMatching, so the run goes to the "
+            f"engine's own trainer {target}"
+        )
+        self.method = method
+        self.target = target
+
+
+def is_la_trainer_script(path: Path) -> bool:
+    """True when ``path`` is one of our own ``train.py`` files (it carries :data:`DROPIN_MARKER`)."""
+    try:
+        with open(path, "rb") as handle:
+            return DROPIN_MARKER.encode() in handle.read(_MARKER_SCAN_BYTES)
+    except OSError:
+        return False
+
+
+def engine_train_py(
+    nne_cpu_path: str | None, own_script: str | os.PathLike[str], environ: Mapping[str, str] | None = None
+) -> tuple[Path | None, str]:
+    """The engine's original ``train.py`` and an empty string, or None and why there is none."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_HANDED_OVER):
+        return None, f"{ENV_HANDED_OVER} is set: this process was itself started by a hand-over"
+    candidates: list[Path] = []
+    explicit = env.get(ENV_ENGINE_TRAIN_PY, "")
+    if explicit:
+        candidates.append(Path(explicit))
+    if nne_cpu_path:
+        nne = Path(nne_cpu_path)
+        if len(nne.parts) > len(_NNE_SUFFIX) and nne.parts[-len(_NNE_SUFFIX) :] == _NNE_SUFFIX:
+            candidates.append(nne.parents[len(_NNE_SUFFIX) - 1].joinpath(*_ENGINE_SCRIPT))
+    if not candidates:
+        return None, f"no --nne-cpu-path from the engine and {ENV_ENGINE_TRAIN_PY} is not set"
+    why = []
+    own = Path(own_script)
+    for candidate in candidates:
+        if not candidate.is_file():
+            why.append(f"{candidate} does not exist")
+        elif is_la_trainer_script(candidate) or (own.exists() and _same_file(candidate, own)):
+            why.append(f"{candidate} is la-trainer itself, not the engine's script")
+        else:
+            return candidate, ""
+    return None, "; ".join(why)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def socket_hands_over(trainer_module: str | None) -> bool:
+    """Socket mode: whether ``-m`` names a trainer that is not ours (decided before we bind)."""
+    module = (trainer_module or "").strip()
+    return module not in ("", ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE)
+
+
+def socket_refusal(method: str) -> Unsupported:
+    """The error for a socket run whose config is not FlowMatching: what happened and what to do."""
+    return Unsupported(
+        f"TrainerMethod is {method!r}, but la-trainer trains only FlowMatching, and over a socket the run "
+        "cannot be handed to the engine's own train.py (the game is already connected to this process). "
+        "For that call site either run the engine's trainer (set its process settings' "
+        "EditorEngineRelativePath/NonEditorEngineRelativePath back to the engine, or do not pass "
+        "-LearningAgentsEnginePath), or give it a TrainerFileName other than "
+        f"{ENGINE_DEFAULT_MODULE} and {FLOW_MATCHING_MODULE} (e.g. learning_core.train_ppo): la-trainer then "
+        "hands it over before listening. See docs/unreal-install.md, 'Other trainers'."
+    )
+
+
+def hand_over(target: Path, argv: Sequence[str], *, platform: str | None = None) -> int:
+    """Run ``target`` with the engine's ``argv`` (verbatim) and this interpreter, in place of this process.
+
+    POSIX: does not return (``os.execve``). Windows: returns the child's exit code.
+    """
+    command = [sys.executable, str(target), *argv]
+    env = {**os.environ, ENV_HANDED_OVER: "1"}
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if (platform or sys.platform) == "win32":
+        # Our output handles, explicitly: the child writes into the pipe the engine reads.
+        return subprocess.call(command, env=env, stdin=subprocess.DEVNULL, stdout=1, stderr=2)
+    os.execve(sys.executable, command, env)
+    raise AssertionError("os.execve returned")  # pragma: no cover
