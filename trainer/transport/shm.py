@@ -9,7 +9,9 @@ SIGHUP, so a crashed or killed trainer does not leave a stale control block behi
 POSIX (Linux, macOS) uses ``posix_ipc`` + :mod:`mmap` with the OS name from
 :func:`protocol.guid.os_shm_name` (``"/{GUID}"``). ``multiprocessing.shared_memory`` is not used: its
 resource tracker unlinks regions it did not create when our process exits (the reason Epic ships its
-own fork, spec §2.1). Windows uses :mod:`mmap` with a tagname (untested: no Windows CI).
+own fork, spec §2.1). Windows uses :mod:`mmap` with a tag name: the engine's bare ``{GUID}``, and
+``Global\\{GUID}`` as a fallback (run here only through its seams, ``tests/trainer/test_shm_windows.py``;
+nothing was run on Windows).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from trainer.errors import LaunchError
 __all__ = ["SharedRegion", "region_exists"]
 
 _WINDOWS = sys.platform == "win32"
+_GLOBAL_PREFIX = "Global\\"
+"""The session-wide namespace prefix of Windows object names (the engine's fallback naming)."""
 
 if not _WINDOWS:
     import posix_ipc
@@ -202,21 +206,29 @@ class SharedRegion:
         return region
 
     @classmethod
-    def _open_windows(cls, name: str, size: int, label: str) -> SharedRegion:  # pragma: no cover
-        # UNTESTED (no Windows CI). mmap with a tagname silently creates a missing mapping, so test
-        # existence first. The size of an existing mapping is not checked (it would need VirtualQuery).
-        if not region_exists(name):
+    def _open_windows(cls, name: str, size: int, label: str) -> SharedRegion:
+        """Windows: open the engine's mapping by tag name. The 5.8 engine names a braced GUID as is
+        (``{GUID}``) and only other strings ``Global\\<name>`` (spec §2.1, §11 item 8); an older engine
+        prefixed every name, so ``Global\\`` + the bare name is tried when the bare one does not exist.
+        ``mmap`` with a tag name silently creates a missing mapping, so existence is tested first
+        (``OpenFileMappingW``); the size of an existing mapping is not checked (it would need VirtualQuery).
+        """
+        candidates = [name] if name.startswith(_GLOBAL_PREFIX) else [name, _GLOBAL_PREFIX + name]
+        found = next((candidate for candidate in candidates if _windows_mapping_exists(candidate)), None)
+        if found is None:
             raise LaunchError(
-                f"the {label} does not exist (mapping name {name!r}). Check that the game is running "
-                "and that the GUID is the one it printed."
+                f"the {label} does not exist (mapping name {name!r}"
+                + (f" or {candidates[1]!r}" if len(candidates) > 1 else "")
+                + "). Check that the game is running and that the GUID is the one it printed."
             )
-        mapping = mmap.mmap(-1, size, tagname=name)  # type: ignore[call-arg,unused-ignore]
-        return cls(name, size, mapping, created=False, label=label)
+        mapping = _windows_map(found, size)
+        return cls(found, size, mapping, created=False, label=label)
 
     @classmethod
-    def _create_windows(cls, name: str, size: int, label: str) -> SharedRegion:  # pragma: no cover
-        # UNTESTED (no Windows CI). The mapping lives as long as a handle to it: no unlink needed.
-        mapping = mmap.mmap(-1, size, tagname=name)  # type: ignore[call-arg,unused-ignore]
+    def _create_windows(cls, name: str, size: int, label: str) -> SharedRegion:
+        """Windows: create (attach mode) under the name the engine opens; the mapping lives as long as a
+        handle to it, so there is nothing to unlink."""
+        mapping = _windows_map(name, size)
         region = cls(name, size, mapping, created=True, label=label)
         region.buf[:] = bytes(size)
         return region
@@ -271,7 +283,7 @@ class SharedRegion:
 
 def region_exists(name: str) -> bool:
     """Whether a region of that OS name exists now (the engine unlinks its regions when it ends)."""
-    if _WINDOWS:  # pragma: no cover - untested
+    if _WINDOWS:
         return _windows_mapping_exists(name)
     try:
         shm = posix_ipc.SharedMemory(name, 0)
@@ -283,7 +295,12 @@ def region_exists(name: str) -> bool:
     return True
 
 
-def _windows_mapping_exists(name: str) -> bool:  # pragma: no cover - untested
+def _windows_map(name: str, size: int) -> mmap.mmap:  # pragma: no cover - Windows
+    """``mmap`` of the named mapping (created if missing: callers test existence first when opening)."""
+    return mmap.mmap(-1, size, tagname=name)  # type: ignore[call-arg,unused-ignore]
+
+
+def _windows_mapping_exists(name: str) -> bool:  # pragma: no cover - Windows
     import ctypes
 
     kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined,unused-ignore]

@@ -1,0 +1,71 @@
+"""The Windows branch of trainer.transport.shm, through its seams (nothing here runs on Windows): the
+engine's bare ``{GUID}`` mapping name first, ``Global\\{GUID}`` as the fallback, never a silent creation
+when opening (spec §2.1, §11 item 8)."""
+
+from __future__ import annotations
+
+import mmap
+
+import pytest
+
+import trainer.transport.shm as shm
+from protocol.guid import os_shm_name
+from trainer.errors import LaunchError
+
+GUID = "{6B29FC40-CA47-1067-B31D-00DD010662DA}"
+
+
+@pytest.fixture
+def windows(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """Windows seams: ``existing`` mapping names, and the names ``mmap`` was asked to map."""
+    seen: dict[str, list[str]] = {"existing": [], "mapped": []}
+
+    def fake_map(name: str, size: int) -> mmap.mmap:
+        seen["mapped"].append(name)
+        return mmap.mmap(-1, size)  # anonymous: the buffer a tag-name mapping would give
+
+    monkeypatch.setattr(shm, "_WINDOWS", True)
+    monkeypatch.setattr(shm, "_windows_mapping_exists", lambda name: name in seen["existing"])
+    monkeypatch.setattr(shm, "_windows_map", fake_map)
+    return seen
+
+
+def test_the_engine_name_is_the_bare_braced_guid() -> None:
+    assert os_shm_name(GUID, "win32") == GUID
+
+
+def test_open_maps_the_bare_name(windows: dict[str, list[str]]) -> None:
+    windows["existing"].append(GUID)
+    with shm.SharedRegion.open(GUID, 40) as region:
+        assert region.name == GUID and not region.created and len(region.buf) == 40
+    assert windows["mapped"] == [GUID]
+
+
+def test_open_falls_back_to_the_global_namespace(windows: dict[str, list[str]]) -> None:
+    windows["existing"].append("Global\\" + GUID)
+    with shm.SharedRegion.open(GUID, 40) as region:
+        assert region.name == "Global\\" + GUID
+    assert windows["mapped"] == ["Global\\" + GUID]
+
+
+def test_open_never_creates_a_missing_mapping(windows: dict[str, list[str]]) -> None:
+    with pytest.raises(LaunchError) as info:
+        shm.SharedRegion.open(GUID, 40, label="control block")
+    assert GUID in str(info.value) and "Global" in str(info.value)
+    assert windows["mapped"] == []  # mmap with a tag name would have created it
+
+
+def test_create_maps_zeroed_and_nothing_is_unlinked(
+    windows: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shm, "posix_ipc", None, raising=False)  # any POSIX call would fail loudly
+    with shm.SharedRegion.create(GUID, 40) as region:
+        assert region.created and bytes(region.buf) == bytes(40)
+        region.buf[0] = 7
+    assert windows["mapped"] == [GUID]  # closed without a posix_ipc unlink (it would have raised)
+
+
+def test_region_exists_asks_windows(windows: dict[str, list[str]]) -> None:
+    assert not shm.region_exists(GUID)
+    windows["existing"].append(GUID)
+    assert shm.region_exists(GUID)
