@@ -24,6 +24,16 @@ integrates from N(0, I) is then exactly the fitted-Gaussian flow seen through th
 the identity at ``t = 1``; only the Euler grid's placement along the path differs (σ < 1: larger
 steps near the noise, smaller near the data).
 
+Late-time source spread (our own knob, :func:`source_spread`): for ``t`` past ``start`` the path's source
+is widened, ``x0' = s(t)·x0`` with ``s(t) = sqrt(1 + (gain·(t − start)/(1 − start))²)`` (so ``x0'`` is
+distributed as ``x0 + γ(t)·ε``, ε a second N(0, I) draw), and the pair is the linear path's from
+``x0'``: ``x_t = (1 − t)·x0' + t·x1``, target ``x1 − x0'``. The engine's sampler leaves the data
+manifold a little at every step (its own errors), and at late times the plain path never trains the field
+there: its samples hug the data within ``(1 − t)``. With the wider source the late field is learned over
+a band around the data, pointing back at it (the posterior mean of a blurrier path), while the early
+times, where the sampler chooses between modes, keep the plain path: "input perturbation" against
+exposure bias, in flow-matching form.
+
 Shapes: ``B`` batch, ``A`` denoiser action width (see :mod:`trainer.data`); ``t`` is ``(B, 1)`` so
 that it broadcasts over the action dims and concatenates as the denoiser's last input column.
 """
@@ -49,6 +59,7 @@ __all__ = [
     "flow_matching_loss",
     "interpolate",
     "interpolate_fitted",
+    "source_spread",
 ]
 
 TimeKind: TypeAlias = Literal["uniform", "beta", "logit_normal", "power"]
@@ -200,6 +211,17 @@ def interpolate(x0: Tensor, x1: Tensor, t: Tensor) -> PathSample:
     # x0 + t·(x1 − x0) is the same line with one fewer multiply, and reuses the target.
     target = x1 - x0
     return PathSample(x_t=torch.addcmul(x0, t, target), target=target)
+
+
+def source_spread(t: Tensor, start: float, gain: float) -> Tensor:
+    """The late-time source scale ``s(t) = sqrt(1 + (gain·max(0, t − start)/(1 − start))²)``, like ``t``
+    (``(B, 1)``): 1 up to ``start``, growing to ``sqrt(1 + gain²)`` at ``t = 1``. The training path's noise
+    is ``s(t)·x0`` (module docstring). ``0 <= start < 1``, ``gain >= 0``. The operation order is the one
+    :class:`trainer.steps.fused.FusedStep` repeats."""
+    if not 0.0 <= start < 1.0 or not gain >= 0.0:
+        raise ValueError(f"need 0 <= start < 1 and gain >= 0, got start={start}, gain={gain}")
+    gamma = (t - start).clamp_min_(0.0).mul_(gain / (1.0 - start))
+    return gamma.mul_(gamma).add_(1.0).sqrt_()
 
 
 def interpolate_fitted(x0: Tensor, x1: Tensor, t: Tensor, source_std: Tensor) -> PathSample:

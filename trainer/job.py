@@ -103,7 +103,12 @@ class TrainingJob:
         generator = torch.Generator(device=device)
         generator.manual_seed(training.seed)
         data = TrainingData.from_replay(replay, config.action_chunk_size)
-        settings = ModelSettings.from_session(config, ema_decay=options.ema_decay)
+        settings = ModelSettings.from_session(
+            config,
+            ema_decay=options.ema_decay,
+            spread_start=options.spread_start,
+            spread_gain=options.spread_gain,
+        )
         model = FlowModel.from_networks(
             received[0].model,
             received[1].model,

@@ -24,7 +24,9 @@ Construction (:meth:`FlowModel.from_networks`) does everything that happens once
    the decoder's leaf-major layout (:mod:`protocol.engine.chunks`).
 3. ``NormalizeLatents = true``: the flow's source is a Gaussian fitted per dimension to ``x1`` (std σ;
    its mean drops out exactly), trained in the engine's coordinates so that the engine's N(0, I)
-   start and Euler grid integrate it (:func:`trainer.flow.interpolate_fitted`).
+   start and Euler grid integrate it (:func:`trainer.flow.interpolate_fitted`). Our own late-time
+   source spread (options ``spread_start``/``spread_gain``, :func:`trainer.flow.source_spread`) widens
+   the source at late times on either path.
 4. Every network with weights is trained with the policy: the denoiser always, the encoder whenever it
    has any (Encoding MLPs), in both Embed modes. The decoder has none (Denormalize leaves only).
 5. ``ObservationNoiseScale``: the per-column noise scale of the standardised observations
@@ -67,7 +69,7 @@ from trainer.data import (
     observation_noise_std,
 )
 from trainer.errors import BadData, Unsupported
-from trainer.flow import PathSample, euler_integrate, interpolate, interpolate_fitted
+from trainer.flow import PathSample, euler_integrate, interpolate, interpolate_fitted, source_spread
 from trainer.nne_torch import from_torch, to_torch
 from trainer.normalization import (
     ElementwiseAffine,
@@ -109,20 +111,36 @@ class ModelSettings:
     normalize_latents: bool = False
     chunk_size: int = 1
     ema_decay: float = 0.0
+    spread_start: float = 0.0
+    spread_gain: float = 0.0
+    """The late-time source spread of the training path (:func:`trainer.flow.source_spread`); gain 0: off."""
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        if not 0.0 <= self.spread_start < 1.0 or not self.spread_gain >= 0.0:
+            raise ValueError(
+                f"spread_start must be in [0, 1) and spread_gain >= 0, got {self.spread_start}, {self.spread_gain}"
+            )
 
     @classmethod
-    def from_session(cls, config: SessionConfig, *, ema_decay: float = 0.0) -> ModelSettings:
+    def from_session(
+        cls,
+        config: SessionConfig,
+        *,
+        ema_decay: float = 0.0,
+        spread_start: float = 0.0,
+        spread_gain: float = 0.0,
+    ) -> ModelSettings:
         return cls(
             embed_normalizations=config.trainer.embed_normalizations_in_weights,
             normalize_latents=config.trainer.training.normalize_latents,
             chunk_size=config.action_chunk_size,
             ema_decay=ema_decay,
+            spread_start=spread_start,
+            spread_gain=spread_gain,
         )
 
 
@@ -203,6 +221,7 @@ class FlowModel(nn.Module):
         noise_on_latents: bool,
         placement: Placement,
         ema_decay: float,
+        spread: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         """Use :meth:`from_networks`. ``encoder_template``/``denoiser_template`` are the layer values the
         torch modules were built from (training space); ``received_encoder``: the encoder to put the
@@ -214,6 +233,8 @@ class FlowModel(nn.Module):
         self.placement = placement
         self.fitted_source = placement.fitted_source
         self.noise_on_latents = noise_on_latents
+        self.spread = spread
+        """(start, gain) of the late-time source spread; gain 0: the plain path."""
         self._encoder_template = encoder_template
         self._denoiser_template = denoiser_template
         self._decoder_layer = decoder_layer
@@ -406,6 +427,7 @@ class FlowModel(nn.Module):
             noise_on_latents=noise_on_latents,
             placement=placement,
             ema_decay=settings.ema_decay,
+            spread=(settings.spread_start, settings.spread_gain),
         )
         return model.to(device)
 
@@ -452,7 +474,11 @@ class FlowModel(nn.Module):
     def flow_path(self, x0: Tensor, x1: Tensor, t: Tensor) -> PathSample:
         """The training pair (``x_t``, target velocity) in the engine's coordinates: the linear path from
         ``x0`` (B, A), or, with ``NormalizeLatents``, the fitted-source path
-        (:func:`trainer.flow.interpolate_fitted`)."""
+        (:func:`trainer.flow.interpolate_fitted`); either from the late-time widened source
+        ``source_spread(t)·x0`` when :attr:`spread` is on (:func:`trainer.flow.source_spread`)."""
+        start, gain = self.spread
+        if gain > 0:
+            x0 = x0 * source_spread(t, start, gain)
         if self.fitted_source:
             return interpolate_fitted(x0, x1, t, self.source_std)
         return interpolate(x0, x1, t)

@@ -179,6 +179,11 @@ class TrainerOptions:
     )
     """Per-layer learning rate: same (every weight at LearningRate, the engine's trainers) or fan_in (each
     Linear layer at LearningRate * max(1, outputs / inputs); trainer/steps/autograd.py layer_lr_scale)."""
+    spread_start: float = _option(0.7, "a number from 0 up to but not including 1", lambda v: 0 <= v < 1)
+    """Time after which the training path's source widens (trainer/flow.py source_spread)."""
+    spread_gain: float = _option(0.0, "a number >= 0 (0: off)", _at_least(0))
+    """How far the late-time source widens: its std is sqrt(1 + (gain * (t - spread_start) / (1 -
+    spread_start))^2) past spread_start (0: the plain path)."""
     ode_steps: int = _option(
         0,
         "a whole number from 0 to 100 (the game's ODEStepsNum; 0: no few-step distillation)",

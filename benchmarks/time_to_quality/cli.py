@@ -65,22 +65,30 @@ def _run(args: argparse.Namespace) -> int:
                         f.write(json.dumps(row) + "\n")
                     reached = "not reached" if row["target_it"] is None else f"target at {row['target_it']}"
                     print(f"{key} seed {seed} {variant.name} lr {lr:g}: {reached}", flush=True)
+    if args.table:
+        _write_tables(load_rows([out]), args.lr, Path(args.table), ablation=True)
     return 0
+
+
+def _write_tables(
+    rows: Sequence[dict[str, object]], lrs: Sequence[float], path: Path | None, *, ablation: bool
+) -> None:
+    parts = [time_table(rows, lr) for lr in lrs]
+    check = encoder_check(rows)
+    if check:
+        parts.append(check)
+    if ablation:
+        parts.append(ablation_table(rows))
+    text = "\n".join(parts)
+    if path is None:
+        sys.stdout.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
 
 
 def _table(args: argparse.Namespace) -> int:
     rows = load_rows(Path(p) for p in args.paths)
-    parts = [time_table(rows, lr) for lr in args.lr]
-    check = encoder_check(rows)
-    if check:
-        parts.append(check)
-    if args.ablation:
-        parts.append(ablation_table(rows))
-    text = "\n".join(parts)
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    _write_tables(rows, args.lr, Path(args.out) if args.out else None, ablation=args.ablation)
     return 0
 
 
@@ -100,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--eval-seed", type=int, default=None)
     run.add_argument("--out", required=True)
     run.add_argument("--progress", action="store_true")
+    run.add_argument("--table", default="", help="afterwards, write the tables of --out's rows here")
     table = sub.add_parser("table", help="markdown tables from result files")
     table.add_argument("paths", nargs="+")
     table.add_argument("--lr", nargs="+", type=float, default=[1e-3, 1e-4])

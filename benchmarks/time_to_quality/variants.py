@@ -24,7 +24,17 @@ __all__ = [
     "parse_variant",
 ]
 
-TRAINING_KNOBS = frozenset({"time_distribution", "ema_decay", "layer_lr", "ode_steps", "distill_fraction"})
+TRAINING_KNOBS = frozenset(
+    {
+        "time_distribution",
+        "ema_decay",
+        "layer_lr",
+        "spread_start",
+        "spread_gain",
+        "ode_steps",
+        "distill_fraction",
+    }
+)
 """Options that change what is trained or how (the engine loop pins each of them)."""
 OTHER_KNOBS = frozenset(
     {
@@ -50,11 +60,13 @@ ENGINE_LOOP_OPTIONS: Mapping[str, object] = {
     "time_distribution": "uniform",
     "ema_decay": 0.0,
     "layer_lr": "same",
+    "spread_start": 0.7,
+    "spread_gain": 0.0,
     "ode_steps": 0,
     "distill_fraction": 0.25,
 }
 """The engine's own loop as far as the engine says (spec §6.4, §7.2): t ~ U[0, 1), no EMA, one learning
-rate for every weight, no few-step distillation. AdamW with amsgrad at the config's learning rate and weight decay, constant, is what
+rate for every weight, the plain linear path (no late-time source spread), no few-step distillation. AdamW with amsgrad at the config's learning rate and weight decay, constant, is what
 every variant's optimiser is."""
 
 

@@ -16,6 +16,7 @@ from trainer.flow import (
     flow_matching_loss,
     interpolate,
     interpolate_fitted,
+    source_spread,
 )
 
 N_SAMPLES = 40_000
@@ -112,6 +113,26 @@ def test_fitted_path_rejects_a_source_std_of_the_wrong_width() -> None:
     z, x1, t, _ = _fitted_case()
     with pytest.raises(ValueError, match="source_std"):
         interpolate_fitted(z, x1, t, torch.ones(3, dtype=torch.float64))
+
+
+def test_source_spread_is_one_until_start_and_reaches_sqrt_one_plus_gain_squared_at_one() -> None:
+    t = torch.tensor([[0.0], [0.5], [0.7], [0.85], [1.0]])
+    s = source_spread(t, 0.7, 6.0)
+    torch.testing.assert_close(s, torch.sqrt(1 + torch.tensor([[0.0], [0.0], [0.0], [3.0], [6.0]]) ** 2))
+    assert torch.equal(t, torch.tensor([[0.0], [0.5], [0.7], [0.85], [1.0]]))  # t is not modified
+    with pytest.raises(ValueError):
+        source_spread(t, 1.0, 1.0)
+    with pytest.raises(ValueError):
+        source_spread(t, 0.5, -1.0)
+
+
+def test_spread_source_is_distributed_as_a_second_noise_draw() -> None:
+    # s(t)·x0 ~ N(0, 1 + γ²) = x0 + γ·ε in distribution: the wider source the late times train on.
+    g = gen(4)
+    t = torch.full((N_SAMPLES, 1), 0.9)
+    scaled = torch.randn((N_SAMPLES, 1), generator=g) * source_spread(t, 0.7, 3.0)
+    gamma = 3.0 * (0.9 - 0.7) / 0.3
+    assert abs(float(scaled.var()) - (1 + gamma**2)) < 0.05 * (1 + gamma**2)
 
 
 def test_loss_is_the_mean_squared_error() -> None:

@@ -165,6 +165,18 @@ def test_exact_mode_is_bitwise_with_masked_noise_and_the_fitted_source(embed: bo
     assert torch.equal(ref_gen.get_state(), gen.get_state())
 
 
+@pytest.mark.parametrize("fitted", [False, True])
+def test_exact_mode_is_bitwise_with_the_late_time_source_spread(fitted: bool) -> None:
+    base, data = masked_fitted_model(False) if fitted else engine_model()
+    base.spread = (0.5, 4.0)
+    ref_model, fused_model = copy.deepcopy(base), copy.deepcopy(base)
+    time = TimeDistribution.uniform()
+    _, ref_opt, ref_gen = reference_run(ref_model, data, 25, 8, time, 0.1)
+    _, opt, gen = fused_run(fused_model, data, 25, 8, time, 0.1, exact=True)
+    assert_same(everything(ref_model, ref_opt), everything(fused_model, opt), exact=True)
+    assert torch.equal(ref_gen.get_state(), gen.get_state())
+
+
 @pytest.mark.parametrize("exact", [True, False])
 def test_per_layer_learning_rates_run_the_same_update_as_torchs_grouped_adamw(exact: bool) -> None:
     base, data = engine_model(layers=2)

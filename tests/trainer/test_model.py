@@ -30,6 +30,7 @@ from tests.support.models import (
 )
 from trainer.data import TrainingData
 from trainer.errors import BadData, Unsupported
+from trainer.flow import source_spread
 from trainer.model import FlowModel, ModelSettings
 
 # --------------------------------------------------------------------------------------------------
@@ -197,6 +198,23 @@ def test_normalize_latents_fits_the_source_to_the_data() -> None:
     path = model.flow_path(x0, model.tensor_data(data).x1[:16], t)
     s = (1 - t) * model.source_std + t
     torch.testing.assert_close(path.x_t * s, (1 - t) * model.source_std * x0 + t * x1[:16].float())
+
+
+def test_the_late_time_spread_widens_the_source_of_the_training_path() -> None:
+    model, data = make_model(True, False, 1)
+    assert model.spread == (0.0, 0.0)
+    model.spread = (0.6, 5.0)
+    g = torch.Generator().manual_seed(3)
+    x0, t = torch.randn((64, 3), generator=g), torch.rand((64, 1), generator=g)
+    x1 = model.tensor_data(data).x1[:64]
+    path = model.flow_path(x0, x1, t)
+    widened = x0 * source_spread(t, 0.6, 5.0)
+    torch.testing.assert_close(path.target, x1 - widened)
+    torch.testing.assert_close(path.x_t, (1 - t) * widened + t * x1)
+    early = (t < 0.6).squeeze(1)
+    torch.testing.assert_close(path.target[early], (x1 - x0)[early])
+    with pytest.raises(ValueError):
+        ModelSettings(spread_start=1.0)
 
 
 def test_observation_noise_covers_continuous_columns_with_a_random_magnitude_per_row() -> None:

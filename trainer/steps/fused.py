@@ -59,7 +59,7 @@ from torch import Tensor, nn
 
 from trainer.data import TensorData
 from trainer.errors import Diverged
-from trainer.flow import TimeDistribution
+from trainer.flow import TimeDistribution, source_spread
 from trainer.model import FlowModel
 from trainer.progress import log
 from trainer.steps.base import StepMetrics
@@ -318,6 +318,9 @@ class FusedStep:
             t = torch.rand(self._t.shape, generator=g, out=self._t)
         else:
             t = self.time_distribution.sample(b, g, self.device, torch.float32)
+        start, gain = model.spread
+        if gain > 0:  # FlowModel.flow_path's widened late-time source (no random draws)
+            x0.mul_(source_spread(t, start, gain))
         noise = None
         if self._noise is not None and self._magnitude is not None:
             # FlowModel.observation_noise, in place: ε·(m·scale)·noise_std.
