@@ -425,14 +425,18 @@ def _check_sizes(node: SchemaNode, path: str, source: str) -> None:
             raise _mismatch(path, source, "VectorSize", node.vector_size, n, "Num")
         if node.role == "observation":
             if node.encoded_size != n:
-                raise _mismatch(path, source, "EncodedSize", node.encoded_size, n, "Num (§10 item 4)")
+                raise _mismatch(
+                    path, source, "EncodedSize", node.encoded_size, n, "Num (spec section 10 item 4)"
+                )
         else:
             if node.distribution_size != 2 * n:
-                raise _mismatch(path, source, "DistributionSize", node.distribution_size or 0, 2 * n, "2·Num")
+                raise _mismatch(path, source, "DistributionSize", node.distribution_size or 0, 2 * n, "2*Num")
             if node.encoded_size != 2 * n:
-                raise _mismatch(path, source, "EncodedSize", node.encoded_size, 2 * n, "2·Num (§10 item 4)")
+                raise _mismatch(
+                    path, source, "EncodedSize", node.encoded_size, 2 * n, "2*Num (spec section 10 item 4)"
+                )
             if node.modifier_size != 1 + 2 * n:
-                raise _mismatch(path, source, "ModifierSize", node.modifier_size or 0, 1 + 2 * n, "1 + 2·Num")
+                raise _mismatch(path, source, "ModifierSize", node.modifier_size or 0, 1 + 2 * n, "1 + 2*Num")
     if t in ("DiscreteExclusive", "DiscreteInclusive") and node.vector_size != node.num:
         raise _mismatch(path, source, "VectorSize", node.vector_size, node.num or 0, "Num")
     if t in ("NamedDiscreteExclusive", "NamedDiscreteInclusive") and node.vector_size != len(
@@ -464,7 +468,7 @@ def _check_sizes(node: SchemaNode, path: str, source: str) -> None:
     if t == "Array" and node.element is not None and node.num is not None:
         total = node.num * node.element.vector_size
         if node.vector_size != total:
-            raise _mismatch(path, source, "VectorSize", node.vector_size, total, "Num × Element.VectorSize")
+            raise _mismatch(path, source, "VectorSize", node.vector_size, total, "Num x Element.VectorSize")
 
 
 # --------------------------------------------------------------------------------------------------

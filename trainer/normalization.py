@@ -113,8 +113,8 @@ def write_decoder_denormalization(
     m, s = _stats(mean, std, width, "action")
     if decoder.input_size != chunk_size * width:
         raise LayoutMismatch(
-            f"the decoder reads {decoder.input_size} values but ActionChunkSize·ActionVectorSize is "
-            f"{chunk_size}·{width}"
+            f"the decoder reads {decoder.input_size} values but ActionChunkSize*ActionVectorSize is "
+            f"{chunk_size}*{width}"
         )
     return _write(decoder, action_schema, 0, m, s, "action", "Decoder", chunk_size)
 
@@ -291,7 +291,7 @@ def _write(
             or layer.element_num != node.num
             or layer.element_input_size != size * chunk
         ):
-            raise _mismatch(path, layer, f"Array({node.num}, {size * chunk}, …)", node)
+            raise _mismatch(path, layer, f"Array({node.num}, {size * chunk}, ...)", node)
         first = slice(offset, offset + size)
         for k in range(1, node.num):
             other = slice(offset + k * size, offset + (k + 1) * size)
@@ -441,7 +441,7 @@ def output_denormalize(denoiser: Layer) -> Denormalize:
     """The denoiser's final Denormalize (the last child of its root Sequence, spec §10 item 1)."""
     if not isinstance(denoiser, Sequence) or not isinstance(denoiser.layers[-1], Denormalize):
         raise LayoutMismatch(
-            f"the denoiser's root should be a Sequence ending in a Denormalize (spec §10 item 1) but it is a "
+            f"the denoiser's root should be a Sequence ending in a Denormalize (spec section 10 item 1) but it is a "
             f"{_type_name(denoiser)}"
             + (f" ending in a {_type_name(denoiser.layers[-1])}" if isinstance(denoiser, Sequence) else "")
         )
@@ -467,7 +467,7 @@ def _first_linear_path(denoiser: Layer) -> tuple[int, ...]:
         layer = layer.layers[0]
     if not isinstance(layer, Linear):
         raise LayoutMismatch(
-            f"the denoiser's first layer should be a Linear (spec §6.3) but it is a {_type_name(layer)}"
+            f"the denoiser's first layer should be a Linear (spec section 6.3) but it is a {_type_name(layer)}"
         )
     return tuple(path)
 

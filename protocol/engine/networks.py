@@ -130,10 +130,12 @@ class UnsupportedSchemaError(ConfigError):
         self.path = path
 
 
-_GUESSED_SEMANTICS = "the engine's layers for it are not documented (spec §6.3 [INF]), so none is guessed"
+_GUESSED_SEMANTICS = (
+    "the engine's layers for it are not documented (spec section 6.3 [INF]), so none is guessed"
+)
 _MASKED_OR = (
     "its vector holds a presence mask besides its elements' vectors, which a Concat of the elements' "
-    "decoders cannot read, and the engine's layout for it is not documented (spec §4.4 [INF])"
+    "decoders cannot read, and the engine's layout for it is not documented (spec section 4.4 [INF])"
 )
 
 # [INF] The 5.8 observation Encoding JSON carries only EncodingSize (§4.4), yet the engine builds its
