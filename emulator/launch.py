@@ -57,18 +57,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _train_script() -> Path:
-    """The engine drop-in that the emulator launches in place of ``LearningCore/Content/Python/train.py``,
-    as the installed package holds it (``trainer/dropin/train.py``), so the demo and the bench work from a
-    wheel with no checkout. [Transitional] A checkout whose package has no drop-in yet runs
-    ``scripts/train.py``."""
+    """The engine drop-in that the emulator launches in place of ``LearningCore/Content/Python/train.py``:
+    the file the installed package holds (``trainer/dropin/train.py``), found through the import system
+    rather than the repository, so the demo and the bench work from a wheel with no checkout."""
     import importlib.util
 
-    spec = importlib.util.find_spec("trainer")
-    if spec is not None and spec.origin is not None:
-        packaged = Path(spec.origin).resolve().parent / "dropin" / "train.py"
-        if packaged.is_file():
-            return packaged
-    return REPO_ROOT / "scripts" / "train.py"
+    spec = importlib.util.find_spec("trainer.dropin")
+    if spec is None or spec.origin is None:  # pragma: no cover - trainer always ships it
+        raise RuntimeError("the installed la-trainer has no trainer/dropin package")
+    return Path(spec.origin).resolve().parent / "train.py"
 
 
 TRAIN_SCRIPT = _train_script()
