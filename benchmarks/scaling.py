@@ -11,7 +11,12 @@ N ≥ 2 is ``torchrun --standalone --nproc-per-node N`` of this file with ``--wo
   ``sps(N, B) / (N · sps(1, B))``;
 * weak scaling: each rank keeps the whole batch (global batch N·B): ``sps(N, N·B) / (N · sps(1, B))``;
 * ``cores_ceiling``: N independent 1-process runs at once, ``Σ sps / (N · sps(1, B))``: what the machine
-  gives N processes at all (shared or hyper-threaded cores), the ceiling of either efficiency here.
+  gives N processes at all (shared or hyper-threaded cores), the ceiling of either efficiency here;
+* ``speedup_over_trainer``: ``sps(N) / sps(trainer)``, where ``trainer`` is one process as the trainer
+  really runs, with the intra-op thread count it chooses itself (:func:`trainer.run.choose_threads`: one
+  thread for small networks, up to 8 for large ones). This is the question a user asks: is N processes
+  faster than the one trainer using the same cores? The efficiencies above divide by a 1-thread process,
+  which a large network's trainer never is.
 
 Also measured on the ranks: one all-reduce of the gradient (float32, parameter count) and of the
 agreement vector, and the load average. ``--plan`` prints the on-paper estimate for GPUs (NCCL) from the
@@ -141,12 +146,24 @@ def time_steps(job: TrainingJob, warmup: int, steps: int) -> float:
     return time.perf_counter() - started
 
 
-def single(config: BenchConfig, warmup: int, steps: int) -> dict[str, Any]:
-    torch.set_num_threads(1)
-    job = make_job(config, config.batch_size)
-    elapsed = time_steps(job, warmup, steps)
+def trainer_threads(config: BenchConfig) -> int:
+    """The intra-op thread count the trainer itself chooses for this network and batch."""
+    from trainer.run import choose_threads
+
+    return choose_threads(TrainerOptions(), config.batch_size * parameter_count(config))
+
+
+def single(config: BenchConfig, warmup: int, steps: int, threads: int = 1) -> dict[str, Any]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        job = make_job(config, config.batch_size)
+        elapsed = time_steps(job, warmup, steps)
+    finally:
+        torch.set_num_threads(previous)
     return {
         "procs": 1,
+        "threads": threads,
         "global_batch": config.batch_size,
         "samples_per_s": config.batch_size * steps / elapsed,
     }
@@ -305,11 +322,15 @@ def main(argv: list[str] | None = None) -> int:
         # The 1-process baseline before and after the N-process runs, averaged: on a shared machine the
         # background load drifts, and the load average is reported with every row.
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+        threads = trainer_threads(config)
         before = single(config, args.warmup, args.steps)
+        trainer_before = single(config, args.warmup, args.steps, threads)
         strong = distributed(config, args.procs, config.batch_size, args.warmup, args.steps)
         weak = distributed(config, args.procs, config.batch_size * args.procs, args.warmup, args.steps)
         after = single(config, args.warmup, args.steps)
+        trainer_after = single(config, args.warmup, args.steps, threads)
         base = {"samples_per_s": (before["samples_per_s"] + after["samples_per_s"]) / 2}
+        trainer_sps = (trainer_before["samples_per_s"] + trainer_after["samples_per_s"]) / 2
         ceiling = independent(config, args.procs, args.warmup, args.steps) / (
             args.procs * base["samples_per_s"]
         )
@@ -324,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
                 "sps_1proc": round(base["samples_per_s"]),
                 f"sps_{args.procs}proc": round(run["samples_per_s"]),
                 "efficiency": round(efficiency, 3),
+                "trainer_threads": threads,
+                "sps_trainer": round(trainer_sps),
+                # Weak scaling trains N·B per step; per sample it compares like with like.
+                "speedup_over_trainer": round(run["samples_per_s"] / trainer_sps, 3),
                 "cores_ceiling": round(ceiling, 3),
                 "grad_allreduce_ms": round(run["grad_allreduce_ms"], 3),
                 "agree_allreduce_us": round(run["agree_allreduce_us"], 1),
