@@ -840,7 +840,7 @@ def test_engine_argv_order_and_silent_log_placeholder(tmp_path: Path) -> None:
     task_dir = make_task_dir(layout.intermediate_dir)
     guid = new_guid(bytes(range(16))).braced_upper()
     argv = shared_memory_command(layout, "Training", task_dir, guid, log=True)
-    assert argv[0] == sys.executable and argv[1].endswith("scripts/train.py")
+    assert argv[0] == sys.executable and argv[1].endswith("trainer/dropin/train.py")  # the packaged drop-in
     assert argv[2:] == [
         "Training",
         "-p",
