@@ -790,7 +790,7 @@ def test_the_engine_spawns_two_processes_through_the_launcher_and_stops_them(tmp
     record.check()
     assert record.exit_code == 0, record.describe()
     assert record.stop_sent and len(record.rounds) == 2
-    assert any("scale-out: 2 processes, global batch 32 = 2 × 16" in line for line in record.log)
+    assert any("scale-out: 2 processes, global batch 32 = 2 x 16" in line for line in record.log)
     assert sum("la-trainer: waiting for the game's config" in line for line in record.log) == 1
 
 
