@@ -132,7 +132,8 @@ class Status:
 
 def write_status(path: Path, status: Status) -> None:
     """Atomically replaces ``path`` (temp file + rename), so readers never see half a file."""
-    data = msgpack.packb({**asdict(status), "phase": status.phase.value}, use_bin_type=True)
+    # RunPhase(...) also takes the phase's text (a caller that built the Status from a string).
+    data = msgpack.packb({**asdict(status), "phase": RunPhase(status.phase).value}, use_bin_type=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not durable: the file is rewritten every few seconds from the training loop, where an fsync on a
     # busy disk could stall a step, and a status lost in a power cut is rewritten by the next run.

@@ -114,6 +114,9 @@ def test_la_trainer_offline_resume_flag(tmp_path: Path) -> None:
     second = runner.invoke(main, [*common, "--iterations", "35", "--resume"])
     assert second.exit_code == 0, second.output
     assert "resumed from the checkpoint of iteration 20" in second.output
-    assert load_checkpoint(folder / "Snapshots" / CHECKPOINT_NAME).iteration == 35
+    # Each offline run trains into a new Offline<N> beside the export (which is never written to); the
+    # second one resumed from the first's folder and checkpoints in its own.
+    assert load_checkpoint(tmp_path / "Offline1" / "Snapshots" / CHECKPOINT_NAME).iteration == 35
+    assert not (folder / "Snapshots").exists()
     fresh = runner.invoke(main, [*common, "--iterations", "5", "--no-resume"])
     assert fresh.exit_code == 0 and "resumed" not in fresh.output
