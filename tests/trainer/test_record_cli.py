@@ -109,7 +109,9 @@ def test_record_trains_an_export_of_the_recording(tmp_path: Path) -> None:
         initial = (folder / f"Networks/network_{network['Id']}.bin").read_bytes()
         data = (trained / f"Networks/network_{network['Id']}.bin").read_bytes()
         assert len(data) == len(initial) == network["MaxByteNum"]  # same sizes and headers
-    assert (trained / "Networks/network_0.bin").read_bytes() != (folder / "Networks/network_0.bin").read_bytes()
+    assert (trained / "Networks/network_0.bin").read_bytes() != (
+        folder / "Networks/network_0.bin"
+    ).read_bytes()
     denoiser = read_snapshot_header((trained / "Networks/network_0.bin").read_bytes())
     assert (denoiser.input_size, denoiser.output_size) == (3 + 2 + 1, 2)
 
