@@ -229,7 +229,7 @@ class TrainerOptions:
     """Write TensorBoard logs, as the engine's ``UseTensorBoard`` does (either one switches them on)."""
     mlflow: str = _option(
         "",
-        "an MLflow tracking URI (such as http://host:5000 or file:./mlruns), 'default', or empty for off",
+        "an MLflow tracking URI (such as http://host:5000 or sqlite:///mlflow.db), 'default', or empty for off",
         _mlflow_ok,
     )
     """Log to MLflow at this tracking URI ("default": MLflow's own default); the engine's ``UseMLflow`` and
