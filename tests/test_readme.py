@@ -38,15 +38,10 @@ def test_every_command_exists_and_every_command_is_listed() -> None:
     assert not missing, f"commands missing from the README's table: {missing}"
 
 
-WRITTEN_IN_PARALLEL = {"docs/unreal-install.md"}
-"""[Transitional] Pages other parts of the project are writing at the same time as this README; remove
-each name once its page has landed, so that its links are checked like every other."""
-
-
 def test_links_stay_inside_the_repository_and_exist() -> None:
     for target in re.findall(r"\]\(([^)#]+)\)", README):
         assert not target.startswith(("../", "/")), f"link outside the repository: {target}"
-        if not target.startswith(("http://", "https://")) and target not in WRITTEN_IN_PARALLEL:
+        if not target.startswith(("http://", "https://")):
             assert (REPO / target).exists(), f"broken link: {target}"
 
 
