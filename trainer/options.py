@@ -178,8 +178,7 @@ class TrainerOptions:
         "same", "same or fan_in", lambda v: v in ("same", "fan_in"), normalize=lambda s: s.strip().lower()
     )
     """Per-layer learning rate: same (every weight at LearningRate, the engine's trainers) or fan_in (each
-    Linear layer at LearningRate * min(4, max(1, outputs / inputs)); trainer/steps/autograd.py
-    layer_lr_scale)."""
+    Linear layer at LearningRate * max(1, outputs / inputs); trainer/steps/autograd.py layer_lr_scale)."""
     spread_start: float = _option(0.7, "a number from 0 up to but not including 1", lambda v: 0 <= v < 1)
     """Time after which the training path's source widens (trainer/flow.py source_spread)."""
     spread_gain: float = _option(0.0, "a number >= 0 (0: off)", _at_least(0))

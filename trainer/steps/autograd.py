@@ -22,7 +22,6 @@ from trainer.steps.base import StepMetrics
 from trainer.torch_compat import total_norm
 
 __all__ = [
-    "LAYER_LR_CAP",
     "LAYER_LR_CHOICES",
     "AutogradStep",
     "BatchSampler",
@@ -36,29 +35,24 @@ __all__ = [
 
 LAYER_LR_CHOICES = ("same", "fan_in")
 """``layer_lr`` values: every parameter at ``LearningRate`` (the engine's trainers), or each Linear layer's
-at ``LearningRate · min(4, max(1, fan_out / fan_in))`` (:func:`layer_lr_scale`)."""
-LAYER_LR_CAP = 4.0
-"""Largest per-layer multiplier of ``fan_in``. Measured in the time-to-quality study (tuning seeds 100, 101,
-``benchmarks/results/ttq/``): the uncapped ratio (25.6 for B1's 5 -> 128 first layer) reached on-mode
-0.86/0.85 at 5k iterations, capped at 4 0.90/0.91, and B2 success at 10k 0.83/0.83 against 0.93/0.91."""
+at ``LearningRate · max(1, fan_out / fan_in)`` (:func:`layer_lr_scale`)."""
 
 
 def layer_lr_scale(module: torch.nn.Module, rule: str) -> float:
     """The learning-rate multiplier of a Linear ``module`` under ``rule`` (1 for anything else).
 
-    ``fan_in``: ``min(LAYER_LR_CAP, max(1, fan_out / fan_in))``. Adam moves every weight by about the
-    learning rate per step
+    ``fan_in``: ``max(1, fan_out / fan_in)``. Adam moves every weight by about the learning rate per step
     whatever its scale, so a layer with few inputs and many outputs (the denoiser's first Linear reads
     [latents | x | t], a handful of values in a small game, into HiddenLayerSize units: 5 -> 128 for B1)
     changes its features far more slowly, relative to their size, than the layers after it. Scaling its rate by
     fan_out/fan_in (the µP-style per-layer rate) lets its features (where the denoiser's kinks sit in
-    input space) move as fast as the rest learns; square and narrowing layers keep the rate. The cap
-    keeps a very narrow input (a rate 25 times the rest) from making the first layer's steps noisy.
+    input space) move as fast as the rest learns; square and narrowing layers keep the rate. (Capping the
+    multiplier at 4 was measured worse: ``benchmarks/results/ttq/``.)
     """
     if rule == "same" or not isinstance(module, LinearModule):
         return 1.0
     fan_out, fan_in = module.weight.shape
-    return min(LAYER_LR_CAP, max(1.0, fan_out / fan_in))
+    return max(1.0, fan_out / fan_in)
 
 
 def make_optimizer(
