@@ -112,7 +112,7 @@ def replace_file(
     *,
     platform: str | None = None,
     retry_s: float = REPLACE_RETRY_S,
-    replace: Callable[[Path, Path], None] = os.replace,
+    replace: Callable[[Path, Path], None] | None = None,
 ) -> None:
     """``os.replace(source, target)``; on Windows retried briefly while the target is held open.
 
@@ -121,13 +121,14 @@ def replace_file(
     ``PermissionError`` that lasts as long as the reader's read. POSIX renames never fail that way, so a
     PermissionError there is real and raised at once. ``platform`` and ``replace`` are seams for tests.
     """
+    rename = replace if replace is not None else os.replace  # looked up now: tests patch os.replace
     if (platform or sys.platform) != "win32":
-        replace(source, target)
+        rename(source, target)
         return
     deadline = time.monotonic() + retry_s
     while True:
         try:
-            replace(source, target)
+            rename(source, target)
             return
         except PermissionError:
             if time.monotonic() >= deadline:
