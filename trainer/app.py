@@ -286,7 +286,8 @@ def open_link_for_launch(
 
 
 def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None) -> int:
-    """``scripts/train.py``: the engine's command line, verbatim (spec §1.2-1.4).
+    """The engine's ``train.py`` (the drop-in, :mod:`trainer.dropin`): its command line, verbatim (spec
+    §1.2-1.4).
 
     ``runner`` (default :func:`run_with_link`) is called as ``runner(open_link, options=, task_dir=)`` once
     the command line and options are valid; :mod:`trainer.distributed` uses it on rank 0.
