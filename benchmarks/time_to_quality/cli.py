@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.time_to_quality.report import ablation_table, encoder_check, load_rows, time_table
+from benchmarks.time_to_quality.report import ablation_table, encoder_check, load_rows, study_rows, time_table
 from benchmarks.time_to_quality.run import train_and_evaluate
 from benchmarks.time_to_quality.tasks import TASKS
 from benchmarks.time_to_quality.variants import ENGINE_LOOP, parse_variant
@@ -92,6 +92,13 @@ def _table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_study(args: argparse.Namespace) -> int:
+    rows = study_rows(Path(args.path))
+    Path(args.out).write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    print(f"{len(rows)} rows -> {args.out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.time_to_quality", description=__doc__.split("\n")[0]
@@ -114,8 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     table.add_argument("--lr", nargs="+", type=float, default=[1e-3, 1e-4])
     table.add_argument("--ablation", action="store_true", help="also every row tried")
     table.add_argument("--out", default="")
+    study = sub.add_parser("import-study", help="the research study's ablation.jsonl in this row format")
+    study.add_argument("path")
+    study.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    return _run(args) if args.command == "run" else _table(args)
+    commands = {"run": _run, "table": _table, "import-study": _import_study}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

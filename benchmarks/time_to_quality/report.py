@@ -19,9 +19,12 @@ from typing import Any
 
 from benchmarks.time_to_quality.tasks import TASKS
 
-__all__ = ["ablation_table", "encoder_check", "load_rows", "time_table"]
+__all__ = ["ablation_table", "encoder_check", "load_rows", "study_rows", "time_table"]
 
 Row = Mapping[str, Any]
+
+_STUDY_METRICS = {"b1big": ["on_mode", "both_modes_covered"], "b2c1": ["success", "entropy"]}
+"""Metrics of the tasks only the research study ran (B1 with a 2 x 256 network, B2 without chunks)."""
 
 
 def load_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -30,6 +33,40 @@ def load_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
     for path in paths:
         rows += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     return rows
+
+
+def study_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of the issue-17 research study (``ttq/results/ablation.jsonl`` of the ``exp17`` worktree:
+    an in-process harness on the pre-restructure code, with knobs the trainer does not all have, e.g.
+    ``init`` and ``lr_mult``) in this benchmark's row format, so that one table lists every row tried.
+    Its settings keep the study's own names; its commit is prefixed ``exp17@``."""
+    out: list[dict[str, Any]] = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        settings = {k: v for k, v in r["config"].items() if k != "name"}
+        settings["phase"] = r.get("phase", "tune")
+        evals = r.get("curve") or [{"it": r["budget"], "train_s": r["train_s"], "metrics": r["metrics"]}]
+        first = next((e for e in evals if e["it"] == r.get("first_pass_it")), None)
+        out.append(
+            {
+                "task": r["task"],
+                "seed": r["seed"],
+                "variant": r["name"],
+                "settings": settings,
+                "learning_rate": r["lr"],
+                "iterations": r["budget"],
+                "eval_seed": r["eval_seed"],
+                "evals": evals,
+                "target_it": r.get("first_pass_it"),
+                "target_s": None if first is None else first["train_s"],
+                "diverged": r.get("diverged"),
+                "commit": f"exp17@{r['commit']}",
+                "time": r["time"],
+            }
+        )
+    return out
 
 
 def _final(row: Row) -> Mapping[str, float]:
@@ -101,13 +138,16 @@ def time_table(rows: Sequence[Row], learning_rate: float, reference: str = "engi
 def ablation_table(rows: Sequence[Row]) -> str:
     """Markdown: every row tried (the losers too), grouped by task, in the order they ran."""
     out: list[str] = []
-    for key, task in TASKS.items():
+    keys = [*TASKS, *sorted({r["task"] for r in rows} - set(TASKS))]
+    for key in keys:
         mine = [r for r in rows if r["task"] == key]
         if not mine:
             continue
-        metrics = [t.metric for t in task.targets]
+        task = TASKS.get(key)
+        metrics = [t.metric for t in task.targets] if task else _STUDY_METRICS.get(key, [])
+        title = task.title if task else f"{key} (study-only task)"
         out += [
-            f"#### {task.title}",
+            f"#### {title}",
             "",
             "| variant | settings | lr | seed | iterations | eval seed | to target | "
             + " | ".join(metrics)
