@@ -1,6 +1,6 @@
 """Section 3 of ``la-trainer bench``: startup of the real trainer.
 
-``scripts/train.py`` is spawned as the engine spawns it (shared memory), ``--startup-repeats`` times:
+The drop-in ``trainer/dropin/train.py`` is spawned as the engine spawns it (shared memory), ``--startup-repeats`` times:
 launch → first network request, → training loop start (its log line), → first sync round, which follows
 the first iteration (``LA_TRAINER_SYNC_EVERY_ITERATIONS=1``). For context, ``import torch`` in a fresh
 interpreter (the IPC worker's, when it ran).

@@ -7,7 +7,7 @@ The story, in execution order (:func:`run_demo` in :mod:`emulator.demo.run`):
    episode per record (spec §5.3).
 2. **Train** (:func:`train_over_shared_memory`, :mod:`emulator.demo.training`): the emulated engine
    builds its three flow-matching networks (spec §6.3), creates the controls block and regions, writes the
-   config files, and spawns the real trainer (``scripts/train.py``) with the engine's command line (spec
+   config files, and spawns the real trainer (its drop-in ``trainer/dropin/train.py``) with the engine's command line (spec
    §1.2). It sends networks 0, 1, 2 and the replay buffer, then ticks (:mod:`emulator.drive`): every round
    of networks the trainer syncs back is taken as a game takes it (spec §7.1). The trainer's stdout
    progress lines drive the progress bar and the loss curve.

@@ -74,7 +74,7 @@ class DemoPlan:
         return {
             "task": 'B2 "avoid": 2-D point agent, three discs, six routes (shared/benchmarks.md)',
             "demonstrations": f"{self.demo_num} expert episodes (seed {self.seed})",
-            "transport": "shared memory, trainer spawned with the engine's command line (scripts/train.py)",
+            "transport": "shared memory, trainer spawned with the engine's command line (trainer/dropin/train.py)",
             "IterationNum": self.iterations,
             "BatchSize": self.batch_size,
             "LearningRate": self.learning_rate,

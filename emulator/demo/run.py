@@ -85,7 +85,8 @@ def _notes(run: TrainingRun, plan: DemoPlan, skipped: Sequence[int]) -> tuple[st
 def _summary(run: TrainingRun, plan: DemoPlan, headline: Evaluation, expert: dict[str, float]) -> str:
     return (
         f"The emulated game recorded {plan.demo_num} expert episodes of the six-route task, spawned the real "
-        f"trainer (`scripts/train.py`, shared memory, the engine's command line), which trained "
+        f"trainer (its engine drop-in `trainer/dropin/train.py`, shared memory, the engine's command line), which "
+        f"trained "
         f"{run.iterations_done} iterations in {run.seconds:.0f} s and synced {run.rounds} rounds of networks "
         f"back. Run through the engine's inference path with {headline.ode_steps} Euler steps, the policy "
         f"succeeds in {headline.metrics['success']:.0%} of {plan.rollout_num} episodes with route entropy "

@@ -1,7 +1,7 @@
 """Step 2 of the demo: train over shared memory, as a game does (spec §1.2, §2, §7.1).
 
 The emulated engine builds its three flow-matching networks (spec §6.3), creates the controls block and
-regions, writes the config files, and spawns the real trainer (``scripts/train.py``) with the engine's
+regions, writes the config files, and spawns the real trainer (its drop-in ``trainer/dropin/train.py``) with the engine's
 command line (spec §1.2). :mod:`emulator.drive` plays BeginTraining and the ticks: every round of networks
 the trainer syncs back is taken as a game takes it. The trainer's stdout progress lines drive the
 progress bar and the loss curve.
@@ -184,7 +184,7 @@ def train_over_shared_memory(
     configs_copy: Path | None = None,
 ) -> TrainingRun:
     """Play the engine's side of a spawned shared-memory session (spec §1.2, §2, §7.1) against the real
-    ``scripts/train.py``.
+    drop-in ``trainer/dropin/train.py``.
 
     ``work_dir`` receives the fake engine tree (removed by the caller). ``deadline`` (a
     ``time.monotonic()`` value): once passed, and once at least one round arrived, the game sends Stop

@@ -2,7 +2,7 @@
 
 :func:`run_engine_session` plays what ``ULearningAgentsFlowMatchingTrainer`` does in a game:
 
-1. (spawned modes) create the engine's resources, build the command line, spawn ``scripts/train.py``;
+1. (spawned modes) create the engine's resources, build the command line, spawn the drop-in ``trainer/dropin/train.py``;
    (attach mode) start the trainer as a user would (``-c -d``), wait for its controls block, map it;
    (file mode) export ``TrainingMaterials`` and run the offline trainer;
 2. ``BeginTraining``: configs, networks 0, 1, 2 (denoiser, encoder, decoder), the replay buffer once;
