@@ -213,8 +213,11 @@ def run_training(
 
 
 def _learning_rate(job: TrainingJob) -> float:
-    """The optimiser's current learning rate (what the metrics log and trackers report)."""
-    return float(job.optimizer.param_groups[0]["lr"])
+    """The optimiser's current base learning rate (what the metrics log and trackers report): a group's
+    rate divided by its per-layer multiplier (``layer_lr``), so the number is the config's LearningRate
+    whichever layer's group comes first."""
+    group = job.optimizer.param_groups[0]
+    return float(group["lr"]) / float(group.get("lr_scale", 1.0))
 
 
 def _phase_key(job: TrainingJob) -> str:
