@@ -70,7 +70,10 @@ class Timeouts:
             raise ValueError(f"wait must be >= 0 seconds (0: no bound), got {wait!r}")
         base = cls() if wait is None else cls(wait=math.inf if wait == 0 else float(wait))
         scale = environment_number(
-            "LA_TRAINER_TIMEOUT_SCALE", 1.0, "a number > 0 (the factor on every bounded wait)", lambda v: v > 0
+            "LA_TRAINER_TIMEOUT_SCALE",
+            1.0,
+            "a number > 0 (the factor on every bounded wait)",
+            lambda v: v > 0,
         )
         if scale == 1.0:
             return base
