@@ -116,7 +116,9 @@ def run_fm(
     for i, round_ in enumerate(record.rounds):
         nets = tuple(n.data for n in round_.networks)
         steps = result.train_steps if i == len(record.rounds) - 1 else (i + 1) * cfg.curve_every
-        m = evaluate_policy_for(variant.task, fm_policy(nets, CURVE_NFE, seed, cfg, variant), variant, curve_cfg)
+        m = evaluate_policy_for(
+            variant.task, fm_policy(nets, CURVE_NFE, seed, cfg, variant), variant, curve_cfg
+        )
         result.curve.append((steps, m[PRIMARY[variant.task]]))
     final = record.final_networks
     for nfe in cfg.nfe:
@@ -124,7 +126,9 @@ def run_fm(
             variant.task, fm_policy(final, nfe, seed, cfg, variant), variant, cfg
         )
     if seed == cfg.seeds[0] and cfg.plots:
-        collect_plot_data(variant, seed, cfg, plot_data, lambda nfe: fm_policy(final, nfe, seed, cfg, variant))
+        collect_plot_data(
+            variant, seed, cfg, plot_data, lambda nfe: fm_policy(final, nfe, seed, cfg, variant)
+        )
     return result
 
 

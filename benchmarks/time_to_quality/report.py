@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.time_to_quality.tasks import TASKS
 
-__all__ = ["ablation_table", "encoder_check", "load_rows", "study_rows", "time_table"]
+__all__ = ["ablation_table", "encoder_check", "labels", "load_rows", "study_rows", "time_table"]
 
 Row = Mapping[str, Any]
 
@@ -87,12 +87,30 @@ def _iterations(value: int | None, ran: int) -> str:
     return f"> {ran:,}" if value is None else f"{value:,}"
 
 
+def labels(rows: Sequence[Row]) -> list[str]:
+    """Each row's variant name, with the settings that tell it apart where one name was run with different
+    settings (``default`` is whatever the trainer's defaults were at the row's commit): e.g.
+    ``default (layer_lr=same)`` beside ``default (layer_lr=fan_in)``."""
+    by_name: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_name[row["variant"]].append(row["settings"])
+    out: list[str] = []
+    for row in rows:
+        seen = by_name[row["variant"]]
+        differing = sorted(
+            k for k in row["settings"] if any(other.get(k) != row["settings"][k] for other in seen)
+        )
+        suffix = ", ".join(f"{k}={row['settings'][k]}" for k in differing)
+        out.append(f"{row['variant']} ({suffix})" if suffix else row["variant"])
+    return out
+
+
 def time_table(rows: Sequence[Row], learning_rate: float, reference: str = "engine-loop") -> str:
     """Markdown: per task, every variant run at ``learning_rate``, iterations/seconds to every target."""
     groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
-    for row in rows:
+    for row, label in zip(rows, labels(rows), strict=True):
         if row["learning_rate"] == learning_rate:
-            groups[(row["task"], row["variant"])].append(row)
+            groups[(row["task"], label)].append(row)
     out: list[str] = []
     for key, task in TASKS.items():
         variants = sorted({v for (t, v) in groups if t == key}, key=lambda v: (v == reference, v))
@@ -180,7 +198,8 @@ def encoder_check(rows: Sequence[Row], tolerance: float = 0.02) -> str:
                 if r["task"] == "b4flat"
                 else ("frozen encoder" if r["settings"].get("freeze_encoder") else "trained encoder")
             )
-            if r["variant"] in ("default", "frozen-encoder"):
+            # The flat schema has no encoder weights to freeze: its reference is the default run only.
+            if r["variant"] == "default" or (r["variant"] == "frozen-encoder" and r["task"] == "b4"):
                 by[label][r["seed"]] = float(_final(r)["score"])
     if not by:
         return ""

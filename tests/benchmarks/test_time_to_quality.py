@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.time_to_quality.report import ablation_table, encoder_check, load_rows, time_table
+from benchmarks.time_to_quality.report import ablation_table, encoder_check, labels, load_rows, time_table
 from benchmarks.time_to_quality.run import evaluation_points, train_and_evaluate
 from benchmarks.time_to_quality.tasks import TASKS, meets
 from benchmarks.time_to_quality.variants import (
@@ -101,6 +101,31 @@ def test_encoder_check_compares_the_lowest_seeds() -> None:
     assert "gap +0.005: PASS" in text
     rows[1] = _row("b4", "default", 1, [(1000, 0.9)])
     assert "FAIL" in encoder_check(rows)
+
+
+def test_one_name_run_with_different_settings_is_told_apart_by_them() -> None:
+    old = _row("b3", "default", 0, [(1000, 0.99)])
+    new = {**old, "settings": {**old["settings"], "time_distribution": "power:0.5"}}
+    engine = _row("b3", "engine-loop", 0, [(1000, 0.99)])
+    assert labels([old, new, engine]) == [
+        "default (time_distribution=uniform)",
+        "default (time_distribution=power:0.5)",
+        "engine-loop",
+    ]
+    table = time_table([old, new], 1e-3)
+    assert (
+        "| default (time_distribution=uniform) |" in table
+        and "| default (time_distribution=power:0.5) |" in table
+    )
+
+
+def test_encoder_check_takes_the_flat_schema_from_its_default_run() -> None:
+    rows = [
+        _row("b4", "default", 0, [(1000, 0.99)]),
+        _row("b4flat", "default", 0, [(1000, 0.995)]),
+        _row("b4flat", "frozen-encoder", 0, [(1000, 0.5)]),
+    ]
+    assert "| flat schema | 0.995 | 0.995 |" in encoder_check(rows)
 
 
 def test_a_short_run_is_a_row_with_its_evaluation_points() -> None:

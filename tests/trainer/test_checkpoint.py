@@ -344,7 +344,10 @@ def test_resume_takes_the_learning_rate_of_this_run(task: EngineTask, tmp_path: 
     run_steps(job, 0, 3)
     job.maybe_checkpoint(3, force=True)
     resumed = make_job(task, tmp_path, settings=replace(TINY, learning_rate=0.125), resume=True)
-    assert [g["lr"] for g in resumed.optimizer.param_groups] == [0.125]
+    # Every group at this run's rate times its per-layer multiplier (layer_lr; 1 for the plain groups).
+    groups = resumed.optimizer.param_groups
+    assert [g["lr"] for g in groups] == [0.125 * g.get("lr_scale", 1.0) for g in groups]
+    assert any(g.get("lr_scale", 1.0) == 1.0 for g in groups)
     assert resumed.optimizer.state_dict()["state"]  # the AdamW moments came back
 
 
