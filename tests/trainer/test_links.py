@@ -475,6 +475,33 @@ def test_socket_stop_before_networks_raises_stop_requested(
     game_thread.join()
 
 
+@pytest.mark.parametrize("stop_first", [True, False], ids=["stop-then-close", "close"])
+def test_socket_send_into_a_closed_game_is_a_stop_only_if_the_game_sent_stop(
+    socket_link: SocketTrainerLink, socket_games: list[SocketGame], stop_first: bool
+) -> None:
+    """The engine may send Stop and close at once while a network is still going out (spec §2.4): the
+    failed send is then the requested stop (exit 0), not a lost game (exit 5)."""
+
+    def game_script() -> None:
+        game = connect(socket_link, socket_games)
+        begin(game)
+        if stop_first:
+            game.stop()
+        game.done()
+
+    game_thread = GameThread(game_script).start()
+    socket_link.receive_config()
+    for nid in NETWORK_IDS:
+        socket_link.receive_network(nid)
+    socket_link.receive_experience()
+    game_thread.join()
+    expected = StopRequested if stop_first else PeerGone
+    with pytest.raises(expected):
+        for version in range(1, 1001):  # the first sends may still fit into the socket's buffers
+            socket_link.send_network(0, trained(0)[0], version)
+            time.sleep(0.001)
+
+
 def test_socket_eof_mid_message_is_peer_gone(
     socket_link: SocketTrainerLink, socket_games: list[SocketGame]
 ) -> None:

@@ -252,7 +252,27 @@ class SocketTrainerLink:
         conn = self._connection()
         # One lock for every writer: the keep-alive thread's ping must never land inside a message.
         with self._send_lock:
-            conn.send_parts(parts, peer_alive=self._peer_alive_check)
+            try:
+                conn.send_parts(parts, peer_alive=self._peer_alive_check)
+            except PeerGone:
+                # The engine may send Stop and close its socket while our network is still going out
+                # (spec §2.4: after Stop it does not wait for the round). If a Stop is among what arrived,
+                # this is the stop the game asked for, not a lost game.
+                if self._stop_arrived(conn):
+                    raise StopRequested(
+                        "the game asked the trainer to stop while a network was being sent"
+                    ) from None
+                raise
+
+    def _stop_arrived(self, conn: TcpConnection) -> bool:
+        """Whether a Stop is among the bytes received so far (read without blocking; never raises)."""
+        try:
+            while not self._eof and conn.poll_readable(0.0):
+                self._receive_once(conn)
+            self._drain_events()
+        except (OSError, PeerGone, StreamError):
+            pass
+        return self._stop
 
     def send_network(self, network_id: int, data: bytes, version: int) -> None:
         """RecvNetwork: id, version, snapshot; the snapshot goes out as a view, not joined (§3)."""
