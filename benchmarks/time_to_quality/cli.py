@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.time_to_quality.report import ablation_table, encoder_check, load_rows, study_rows, time_table
-from benchmarks.time_to_quality.run import train_and_evaluate
-from benchmarks.time_to_quality.tasks import TASKS
+from benchmarks.time_to_quality.run import commit, train_and_evaluate
+from benchmarks.time_to_quality.tasks import TASKS, Target
 from benchmarks.time_to_quality.variants import ENGINE_LOOP, parse_variant
 
 __all__ = ["main"]
@@ -35,6 +35,7 @@ TUNE_EVAL_SEED = 2000
 
 
 def _run(args: argparse.Namespace) -> int:
+    commit()  # the code this process imported, before any training (cached for every row)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     variants = [parse_variant(text) for text in args.variants]
@@ -70,8 +71,30 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_at(items: Sequence[str]) -> dict[str, tuple[Target, ...]]:
+    """``--at TASK:METRIC=VALUE[,METRIC=VALUE]`` (e.g. ``b1:on_mode=0.7``): an intermediate target per task."""
+    out: dict[str, tuple[Target, ...]] = {}
+    for item in items:
+        key, sep, spec = item.partition(":")
+        if not sep or key not in TASKS:
+            raise SystemExit(f"--at {item!r}: expected TASK:METRIC=VALUE with TASK one of {', '.join(TASKS)}")
+        try:
+            out[key] = tuple(
+                Target(metric, float(value))
+                for metric, _, value in (part.partition("=") for part in spec.split(","))
+            )
+        except ValueError:
+            raise SystemExit(f"--at {item!r}: each target is METRIC=NUMBER") from None
+    return out
+
+
 def _write_tables(
-    rows: Sequence[dict[str, object]], lrs: Sequence[float], path: Path | None, *, ablation: bool
+    rows: Sequence[dict[str, object]],
+    lrs: Sequence[float],
+    path: Path | None,
+    *,
+    ablation: bool,
+    at: Mapping[str, tuple[Target, ...]] | None = None,
 ) -> None:
     # The reported tables take only rows of this benchmark on the report draws (seeds 0, 1, 2 with
     # evaluation seed 1000); tuning rows and the research study's rows appear in the ablation only.
@@ -79,6 +102,8 @@ def _write_tables(
         r for r in rows if r["eval_seed"] == REPORT_EVAL_SEED and not str(r["commit"]).startswith("exp17@")
     ]
     parts = [time_table(reported, lr) for lr in lrs]
+    if at:
+        parts += ["### At intermediate targets\n", *(time_table(reported, lr, targets=at) for lr in lrs)]
     check = encoder_check(reported)
     if check:
         parts.append(check)
@@ -93,7 +118,9 @@ def _write_tables(
 
 def _table(args: argparse.Namespace) -> int:
     rows = load_rows(Path(p) for p in args.paths)
-    _write_tables(rows, args.lr, Path(args.out) if args.out else None, ablation=args.ablation)
+    _write_tables(
+        rows, args.lr, Path(args.out) if args.out else None, ablation=args.ablation, at=_parse_at(args.at)
+    )
     return 0
 
 
@@ -126,6 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     table.add_argument("--lr", nargs="+", type=float, default=[1e-3, 1e-4])
     table.add_argument("--ablation", action="store_true", help="also every row tried")
     table.add_argument("--out", default="")
+    table.add_argument(
+        "--at",
+        action="append",
+        default=[],
+        metavar="TASK:METRIC=VALUE",
+        help="also the tables at this intermediate target (repeatable), e.g. b1:on_mode=0.7",
+    )
     study = sub.add_parser("import-study", help="the research study's ablation.jsonl in this row format")
     study.add_argument("path")
     study.add_argument("--out", required=True)

@@ -12,6 +12,7 @@ counted are those of the iterations only (building the job and evaluating are le
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import subprocess
@@ -44,9 +45,12 @@ SEED_OFFSET = 1234
 _REPO = Path(__file__).resolve().parents[2]
 
 
+@functools.cache
 def commit() -> str:
     """The checkout's commit, with ``+dirty`` when tracked files under trainer/, protocol/, emulator/ or
-    benchmarks/ differ from it (the raw results record what produced them)."""
+    benchmarks/ differ from it (the raw results record what produced them). Read once per process, at the
+    first call (the CLI makes it before training): the code a process runs is the code it imported, and a
+    long run must not stamp its later rows with commits made while it ran."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=_REPO, check=True

@@ -12,9 +12,16 @@ from typing import Any
 
 import pytest
 
-from benchmarks.time_to_quality.report import ablation_table, encoder_check, labels, load_rows, time_table
+from benchmarks.time_to_quality.report import (
+    ablation_table,
+    encoder_check,
+    labels,
+    load_rows,
+    retarget,
+    time_table,
+)
 from benchmarks.time_to_quality.run import evaluation_points, train_and_evaluate
-from benchmarks.time_to_quality.tasks import TASKS, meets
+from benchmarks.time_to_quality.tasks import TASKS, Target, meets
 from benchmarks.time_to_quality.variants import (
     ENGINE_LOOP,
     ENGINE_LOOP_OPTIONS,
@@ -117,6 +124,18 @@ def test_one_name_run_with_different_settings_is_told_apart_by_them() -> None:
         "| default (time_distribution=uniform) |" in table
         and "| default (time_distribution=power:0.5) |" in table
     )
+
+
+def test_an_intermediate_target_is_read_again_from_the_evaluation_points() -> None:
+    rows = [
+        _row("b1", "default", 0, [(500, 0.5), (1000, 0.8), (1500, 0.96)]),
+        _row("b1", "engine-loop", 0, [(5000, 0.6), (10000, 0.7)]),
+    ]
+    again = retarget(rows, {"b1": (Target("on_mode", 0.7),)})
+    assert [r["target_it"] for r in again] == [1000, 10000]
+    assert [r["target_it"] for r in rows] == [1500, None]  # the rows themselves are left as they were
+    table = time_table(rows, 1e-3, targets={"b1": (Target("on_mode", 0.7),)})
+    assert "on_mode >= 0.7 (budget" in table and "| 1,000 | 1.0 | 10.0 |" in table
 
 
 def test_encoder_check_takes_the_flat_schema_from_its_default_run() -> None:
