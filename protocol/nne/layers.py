@@ -116,7 +116,9 @@ def _check_array(name: str, array: object, shape: tuple[int, ...], dtype: type =
     if not isinstance(array, np.ndarray):
         raise NNEError(f"{name} must be a numpy array", field=name, actual=type(array).__name__)
     if array.dtype != dtype:
-        raise NNEError(f"{name} has the wrong dtype", field=name, expected=np.dtype(dtype).name, actual=array.dtype.name)
+        raise NNEError(
+            f"{name} has the wrong dtype", field=name, expected=np.dtype(dtype).name, actual=array.dtype.name
+        )
     if array.shape != shape:
         raise NNEError(f"{name} has the wrong shape", field=name, expected=shape, actual=array.shape)
 
@@ -134,13 +136,18 @@ def _check_layers(name: str, layers: tuple[Layer, ...], count: int | None = None
     if not isinstance(layers, tuple):
         raise NNEError(f"{name} must be a tuple of layers", field=name, actual=type(layers).__name__)
     if count is not None and len(layers) != count:
-        raise NNEError(f"{name} has the wrong number of layers", field=name, expected=count, actual=len(layers))
+        raise NNEError(
+            f"{name} has the wrong number of layers", field=name, expected=count, actual=len(layers)
+        )
 
 
 def _check_io(name: str, layer: Layer, input_size: int | None, output_size: int | None) -> None:
     if input_size is not None and layer.input_size != input_size:
         raise NNEError(
-            f"{name} reads the wrong width", field=f"{name}.input_size", expected=input_size, actual=layer.input_size
+            f"{name} reads the wrong width",
+            field=f"{name}.input_size",
+            expected=input_size,
+            actual=layer.input_size,
         )
     if output_size is not None and layer.output_size != output_size:
         raise NNEError(
@@ -165,7 +172,9 @@ class Sequence:
     def __post_init__(self) -> None:
         _check_layers("Sequence.layers", self.layers)
         if not self.layers:
-            raise NNEError("a Sequence needs at least one layer", field="Sequence.layers", expected=">= 1", actual=0)
+            raise NNEError(
+                "a Sequence needs at least one layer", field="Sequence.layers", expected=">= 1", actual=0
+            )
         for i in range(1, len(self.layers)):
             _check_io(f"Sequence.layers[{i}]", self.layers[i], self.layers[i - 1].output_size, None)
 
@@ -364,7 +373,9 @@ class MultiLinear:
         _check_size("MultiLinear.block_output_size", self.block_output_size)
         _check_array("MultiLinear.bias", self.bias, (self.block_num, self.block_output_size))
         _check_array(
-            "MultiLinear.weights", self.weights, (self.block_num, self.block_input_size, self.block_output_size)
+            "MultiLinear.weights",
+            self.weights,
+            (self.block_num, self.block_input_size, self.block_output_size),
         )
 
     @property
@@ -552,7 +563,9 @@ class LayerNorm:
         _check_array("LayerNorm.offset", self.offset, (self.size,))
         _check_array("LayerNorm.scale", self.scale, (self.size,))
         if not isinstance(self.epsilon, float):
-            raise NNEError("LayerNorm.epsilon must be a float", field="LayerNorm.epsilon", actual=self.epsilon)
+            raise NNEError(
+                "LayerNorm.epsilon must be a float", field="LayerNorm.epsilon", actual=self.epsilon
+            )
 
     @property
     def input_size(self) -> int:
@@ -1075,4 +1088,3 @@ def children(layer: Layer) -> tuple[Layer, ...]:
     if isinstance(layer, FiLM):
         return (layer.prefix_layer, layer.condition_layer, layer.postfix_layer)
     return ()
-

@@ -99,6 +99,7 @@ def test_a_finished_run(tmp_path: Path) -> None:
 
 def test_an_interrupted_run(tmp_path: Path) -> None:
     tmp_path = tmp_path / "Training0"
+
     def interrupt_at_120(polls: int, flag: InterruptFlag) -> bool:
         if polls == 120:
             flag.set("SIGTERM")
@@ -125,6 +126,7 @@ def test_a_diverged_run(tmp_path: Path) -> None:
 
 def test_a_failed_run(tmp_path: Path) -> None:
     tmp_path = tmp_path / "Training0"
+
     def game_gone_at_150(polls: int, flag: InterruptFlag) -> bool:
         if polls == 150:
             raise PeerGone("the game went away (test)")
