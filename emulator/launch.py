@@ -32,6 +32,7 @@ from types import TracebackType
 
 from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs, format_launch_argv
 from trainer.handover import ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE
+from trainer.runrecord import new_task_folder
 
 __all__ = [
     "DEFAULT_TASK_NAME",
@@ -89,10 +90,6 @@ ENGINE_TRAIN_PY_STAND_IN = (
 
 LOG_PREFIX = "Subprocess: "
 """Prefix the engine puts in front of every echoed trainer output line (§1.1)."""
-
-_TASK_ID_LIMIT = 10_000
-"""Give up looking for a free TaskId after this many (the engine loops without a bound; a test never
-needs more than a handful, and a bound keeps a broken file system from spinning forever)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,18 +153,9 @@ def make_task_dir(intermediate_dir: str | os.PathLike[str], task_name: str = DEF
     Returns the task directory (the parent of ``Configs``). "Free" means the ``Configs`` folder does not
     exist yet, as in the engine; TaskName and TaskId are joined without a separator (``Training0``).
     """
-    base = Path(intermediate_dir)
-    for task_id in range(_TASK_ID_LIMIT):
-        task_dir = base / f"{task_name}{task_id}"
-        configs = task_dir / "Configs"
-        if configs.exists():
-            continue
-        try:
-            configs.mkdir(parents=True, exist_ok=False)
-        except FileExistsError:
-            continue  # another engine took this id between the test and the mkdir
-        return task_dir
-    raise RuntimeError(f"no free task id below {_TASK_ID_LIMIT} under {base}")
+    # One owner of the engine's numbering: the trainer numbers its socket and offline task folders the
+    # same way, in the same folder, so that the two never take the same number.
+    return new_task_folder(Path(intermediate_dir), task_name)
 
 
 def engine_command(
