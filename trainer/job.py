@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,6 +22,7 @@ from protocol.replay import ReplayBuffer
 from protocol.snapshot import Snapshot
 from trainer import __version__
 from trainer.checkpoint import (
+    CheckpointError,
     Fingerprint,
     TrainingState,
     load_for_resume,
@@ -200,7 +202,7 @@ class TrainingJob:
             log(f"la-trainer: --resume: no checkpoint in {self.checkpoint_dir}; starting a fresh run.")
             return
         self.model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(dict(state.optimizer))
+        self.optimizer.load_state_dict(_regrouped(state.optimizer, self.optimizer.state_dict()))
         training = self.config.trainer.training
         # The config of this run wins for the knobs a user may change between crash and resume.
         set_learning_rate(self.optimizer, training.learning_rate)
@@ -314,3 +316,25 @@ class TrainingJob:
         self.checkpoint_iteration = iteration
         self.checkpoint_clock = time.monotonic()
         return self.last_checkpoint
+
+
+def _regrouped(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """The checkpoint's optimiser state in this run's parameter groups.
+
+    ``layer_lr`` decides how the parameters are grouped (one group, or one per distinct per-layer rate),
+    and it may differ between the run that wrote the checkpoint and this one (a user changed it, or a
+    newer la-trainer changed its default). The Adam moments belong to each parameter, not to its group,
+    and the parameters come in the same order either way (the fingerprint has checked the networks), so
+    the moments carry over by position; the groups' settings are this run's, as for the learning rate.
+    """
+    saved_ids = [i for group in saved["param_groups"] for i in group["params"]]
+    current_ids = [i for group in current["param_groups"] for i in group["params"]]
+    if saved_ids == current_ids and len(saved["param_groups"]) == len(current["param_groups"]):
+        return dict(saved)
+    if len(saved_ids) != len(current_ids):
+        raise CheckpointError(
+            f"the checkpoint's optimiser holds {len(saved_ids)} parameters, this model {len(current_ids)}"
+        )
+    by_position = dict(zip(saved_ids, current_ids, strict=True))
+    state = {by_position[key]: value for key, value in saved["state"].items()}
+    return {"state": state, "param_groups": [dict(group) for group in current["param_groups"]]}

@@ -65,11 +65,17 @@ def make_job(
     resume: bool = False,
     every: float = 0.0,
     ema_decay: float = 0.9,
+    layer_lr: str = TrainerOptions().layer_lr,
 ) -> TrainingJob:
     config, blobs = build_session_config(task, settings, None)
     received = {nid: read_snapshot(blob) for nid, blob in enumerate(blobs)}
     options = TrainerOptions(
-        resume=resume, checkpoint_every_seconds=every, ema_decay=ema_decay, status_file=False, threads=1
+        resume=resume,
+        checkpoint_every_seconds=every,
+        ema_decay=ema_decay,
+        status_file=False,
+        threads=1,
+        layer_lr=layer_lr,
     )
     return TrainingJob.create(
         config, received, task.replay_buffer, options=options, device=CPU, checkpoint_dir=folder
@@ -349,6 +355,31 @@ def test_resume_takes_the_learning_rate_of_this_run(task: EngineTask, tmp_path: 
     assert [g["lr"] for g in groups] == [0.125 * g.get("lr_scale", 1.0) for g in groups]
     assert any(g.get("lr_scale", 1.0) == 1.0 for g in groups)
     assert resumed.optimizer.state_dict()["state"]  # the AdamW moments came back
+
+
+@pytest.mark.parametrize(("before", "after"), [("same", "fan_in"), ("fan_in", "same")])
+def test_resume_across_a_change_of_layer_lr_keeps_each_parameters_moments(
+    task: EngineTask, tmp_path: Path, before: str, after: str
+) -> None:
+    """layer_lr regroups the parameters (a newer la-trainer changed its default): the Adam moments follow
+    their parameter, the groups and their rates are this run's."""
+    job = make_job(task, tmp_path, layer_lr=before)
+    run_steps(job, 0, 3)
+    job.maybe_checkpoint(3, force=True)
+    saved = job.optimizer.state_dict()
+    resumed = make_job(task, tmp_path, resume=True, layer_lr=after)
+    fresh = make_job(task, None, layer_lr=after)
+    assert len(resumed.optimizer.param_groups) == len(fresh.optimizer.param_groups)
+    assert len(saved["param_groups"]) != len(fresh.optimizer.param_groups)
+    assert [g["lr"] for g in resumed.optimizer.param_groups] == [
+        g["lr"] for g in fresh.optimizer.param_groups
+    ]
+    saved_order = [i for g in saved["param_groups"] for i in g["params"]]
+    params = [p for g in resumed.optimizer.param_groups for p in g["params"]]
+    for position, param in enumerate(params):
+        moments = resumed.optimizer.state[param]
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            assert torch.equal(moments[key], saved["state"][saved_order[position]][key])
 
 
 def test_resume_refuses_other_networks(task: EngineTask, tmp_path: Path) -> None:
