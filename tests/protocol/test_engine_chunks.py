@@ -14,22 +14,7 @@ from protocol.errors import ConfigError
 from protocol.nne.layers import Array, Concat, Denormalize, Layer
 from protocol.nne.reference import evaluate
 from protocol.schema import SchemaNode, parse_schema
-
-
-def _cont(num: int, index: int | None = None) -> dict[str, Any]:
-    node: dict[str, Any] = {
-        "VectorSize": num,
-        "DistributionSize": 2 * num,
-        "EncodedSize": 2 * num,
-        "ModifierSize": 1 + 2 * num,
-        "Type": "Continuous",
-        "Num": num,
-        "Normalization": "AutoPerDimension",
-    }
-    if index is not None:
-        node["Index"] = index
-    return node
-
+from tests.support.schemas import cont
 
 MOVE_LOOK = parse_schema(
     {
@@ -38,7 +23,7 @@ MOVE_LOOK = parse_schema(
         "EncodedSize": 10,
         "ModifierSize": 13,
         "Type": "And",
-        "Elements": {"Move": _cont(2, 0), "Look": _cont(3, 1)},
+        "Elements": {"Move": cont(2, index=0, role="action"), "Look": cont(3, index=1, role="action")},
     },
     "action",
 )
@@ -51,7 +36,7 @@ ARRAY = parse_schema(
         "ModifierSize": 13,
         "Type": "Array",
         "Num": 3,
-        "Element": _cont(2),
+        "Element": cont(2, role="action"),
     },
     "action",
 )
@@ -80,7 +65,7 @@ NESTED = parse_schema(
                 "ModifierSize": 9,
                 "Type": "Array",
                 "Num": 2,
-                "Element": _cont(2),
+                "Element": cont(2, role="action"),
                 "Index": 1,
             },
             "Turn": {
@@ -92,7 +77,7 @@ NESTED = parse_schema(
                 "EncodingSize": 4,
                 "EncodingDepth": 1,
                 "ActivationFunction": "ELU",
-                "Element": _cont(1),
+                "Element": cont(1, role="action"),
                 "Index": 2,
             },
         },
@@ -103,7 +88,7 @@ NESTED = parse_schema(
 
 def test_one_step_and_one_leaf_chunks_are_the_step_major_chunk() -> None:
     assert ChunkLayout.from_schema(MOVE_LOOK, 1).is_identity
-    single = parse_schema(_cont(2), "action")
+    single = parse_schema(cont(2, role="action"), "action")
     layout = ChunkLayout.from_schema(single, 8)
     assert layout.is_identity and layout.width == 16
 
@@ -166,7 +151,7 @@ def test_masked_or_and_opaque_leaves_have_no_chunked_layout() -> None:
             "EncodedSize": 8,
             "ModifierSize": 9,
             "Type": "OrExclusive",
-            "Elements": {"A": _cont(1, 0), "B": _cont(2, 1)},
+            "Elements": {"A": cont(1, index=0, role="action"), "B": cont(2, index=1, role="action")},
         },
         "action",
     )

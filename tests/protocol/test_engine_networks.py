@@ -43,6 +43,7 @@ from protocol.nne.layers import (
 from protocol.nne.reference import evaluate
 from protocol.schema import parse_schema
 from protocol.snapshot import read_snapshot, write_snapshot
+from tests.support.schemas import cont
 
 # --------------------------------------------------------------------------------------------------
 # Schemas
@@ -57,21 +58,6 @@ def _obs_continuous(
         "Type": "Continuous",
         "Num": num,
         "Normalization": normalization,
-    }
-    if index is not None:
-        node["Index"] = index
-    return node
-
-
-def _act_continuous(num: int, index: int | None = None) -> dict[str, Any]:
-    node: dict[str, Any] = {
-        "VectorSize": num,
-        "DistributionSize": 2 * num,
-        "EncodedSize": 2 * num,
-        "ModifierSize": 1 + 2 * num,
-        "Type": "Continuous",
-        "Num": num,
-        "Normalization": "AutoPerDimension",
     }
     if index is not None:
         node["Index"] = index
@@ -118,7 +104,7 @@ AND_ACTION: dict[str, Any] = {
     "EncodedSize": 10,
     "ModifierSize": 1 + 5 + 7,
     "Type": "And",
-    "Elements": {"Move": _act_continuous(2, index=0), "Look": _act_continuous(3, index=1)},
+    "Elements": {"Move": cont(2, index=0, role="action"), "Look": cont(3, index=1, role="action")},
 }
 
 
@@ -259,7 +245,7 @@ def test_an_unsupported_element_deep_in_the_schema_is_named_by_its_path() -> Non
     }
     with pytest.raises(UnsupportedSchemaError) as info:
         build_flow_matching_networks(
-            parse_schema(schema, "observation"), parse_schema(_act_continuous(2), "action")
+            parse_schema(schema, "observation"), parse_schema(cont(2, role="action"), "action")
         )
     assert isinstance(info.value, ConfigError)  # the trainer's exit-code mapping: bad data
     assert (info.value.element_type, info.value.path) == ("Sparse", "ObservationSchema.Elements.Cells")
@@ -287,7 +273,7 @@ def test_an_or_action_with_a_presence_mask_is_refused() -> None:
         "EncodedSize": 4,
         "ModifierSize": 6,
         "Type": "OrExclusive",
-        "Elements": {"A": _act_continuous(2, 0)},
+        "Elements": {"A": cont(2, index=0, role="action")},
     }
     with pytest.raises(UnsupportedSchemaError, match="presence mask") as info:
         build_decoder(parse_schema(schema, "action", warnings=[]))
@@ -300,7 +286,7 @@ def test_an_or_action_with_a_presence_mask_is_refused() -> None:
 
 def test_decoder_reads_vector_size_not_encoded_size() -> None:
     # §10 item 4: a Continuous action's EncodedSize is 2·Num, but the decoder works on the action vector.
-    decoder = build_decoder(parse_schema(_act_continuous(2), "action"))
+    decoder = build_decoder(parse_schema(cont(2, role="action"), "action"))
     assert _is_identity_denormalize(decoder, 2)
 
 
@@ -333,7 +319,7 @@ def test_chunked_array_decoder_builds_its_element_with_the_chunk() -> None:
             "ModifierSize": 13,
             "Type": "Array",
             "Num": 3,
-            "Element": _act_continuous(2),
+            "Element": cont(2, role="action"),
         },
         "action",
     )
@@ -346,7 +332,7 @@ def test_chunked_array_decoder_builds_its_element_with_the_chunk() -> None:
 @pytest.mark.parametrize("chunk", [0, -1])
 def test_chunk_size_below_one_is_refused(chunk: int) -> None:
     with pytest.raises(ConfigError):
-        build_decoder(parse_schema(_act_continuous(2), "action"), chunk)
+        build_decoder(parse_schema(cont(2, role="action"), "action"), chunk)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -594,7 +580,9 @@ def test_bad_shapes_and_steps_are_refused() -> None:
         EnginePolicy(nets.encoder.model, nets.denoiser.model, nets.decoder.model, 101)
     with pytest.raises(ValueError, match="denoiser"):
         EnginePolicy(
-            nets.encoder.model, nets.denoiser.model, build_decoder(parse_schema(_act_continuous(2), "action"))
+            nets.encoder.model,
+            nets.denoiser.model,
+            build_decoder(parse_schema(cont(2, role="action"), "action")),
         )
     policy = EnginePolicy(nets.encoder.model, nets.denoiser.model, nets.decoder.model)
     with pytest.raises(ValueError, match="observations"):
@@ -609,7 +597,7 @@ def test_bad_shapes_and_steps_are_refused() -> None:
 
 def _schema_tree(role: str) -> Any:
     def leaf(num: int) -> dict[str, Any]:
-        return _obs_continuous(num) if role == "observation" else _act_continuous(num)
+        return _obs_continuous(num) if role == "observation" else cont(num, role="action")
 
     def wrap_and(children: list[dict[str, Any]]) -> dict[str, Any]:
         elements = {f"E{i}": {**child, "Index": i} for i, child in enumerate(children)}

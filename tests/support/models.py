@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from protocol.engine.networks import build_decoder, build_denoiser, build_encode
 from protocol.nne.layers import Layer
 from protocol.nne.reference import evaluate
 from protocol.schema import SchemaNode, parse_schema
+from tests.support.schemas import cont
 from trainer.data import TrainingData
 from trainer.flow import TimeDistribution
 from trainer.model import FlowModel, ModelSettings
@@ -27,21 +27,6 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
-
-
-def cont(num: int, mode: str, index: int | None = None, role: str = "observation") -> dict[str, Any]:
-    node: dict[str, Any] = {
-        "Type": "Continuous",
-        "VectorSize": num,
-        "EncodedSize": num,
-        "Num": num,
-        "Normalization": mode,
-    }
-    if role == "action":
-        node.update(EncodedSize=2 * num, DistributionSize=2 * num, ModifierSize=1 + 2 * num)
-    if index is not None:
-        node["Index"] = index
-    return node
 
 
 OBS_WIDTH = 17

@@ -39,6 +39,14 @@ def indexed(node: dict[str, Any], index: int) -> dict[str, Any]:
     return {**node, "Index": index}
 
 
+def cont(
+    num: int, mode: str = "AutoPerDimension", index: int | None = None, role: str = "observation"
+) -> dict[str, Any]:
+    """A Continuous leaf of ``num`` values for the observation or the action schema, optionally indexed."""
+    node = act_cont(num, mode) if role == "action" else obs_cont(num, mode)
+    return node if index is None else indexed(node, index)
+
+
 # And{ Enemies: Array[3]{ And{ Position: Continuous(3), Kind: DiscreteExclusive(4) } }, Speed: Continuous(1) }
 # "Speed" comes first in the JSON but has Index 1: the vector order follows Index, not key order.
 ENEMY = obs(

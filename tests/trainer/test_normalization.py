@@ -24,6 +24,7 @@ from protocol.nne.layers import (
 )
 from protocol.nne.reference import evaluate
 from protocol.schema import parse_schema
+from tests.support.schemas import cont
 from trainer.errors import Unsupported
 from trainer.normalization import (
     LayoutMismatch,
@@ -55,21 +56,6 @@ def linear(n_in: int, n_out: int) -> Linear:
         RNG.uniform(-bound, bound, n_out).astype(np.float32),
         RNG.uniform(-bound, bound, (n_in, n_out)).astype(np.float32),
     )
-
-
-def cont(num: int, mode: str, index: int | None = None, role: str = "observation") -> dict[str, Any]:
-    node: dict[str, Any] = {
-        "Type": "Continuous",
-        "VectorSize": num,
-        "EncodedSize": num,
-        "Num": num,
-        "Normalization": mode,
-    }
-    if role == "action":
-        node.update(EncodedSize=2 * num, DistributionSize=2 * num, ModifierSize=1 + 2 * num)
-    if index is not None:
-        node["Index"] = index
-    return node
 
 
 def discrete(num: int, index: int) -> dict[str, Any]:
