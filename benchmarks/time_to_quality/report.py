@@ -12,13 +12,12 @@ engine loop is then a lower bound (``>``).
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.time_to_quality.tasks import TASKS, Target
+from benchmarks.time_to_quality.tasks import TASKS, Target, meets
 
 __all__ = ["ablation_table", "encoder_check", "labels", "load_rows", "retarget", "study_rows", "time_table"]
 
@@ -116,14 +115,7 @@ def retarget(rows: Sequence[Row], targets: Mapping[str, Sequence[Target]]) -> li
         if wanted is None:
             out.append(row)
             continue
-        first = next(
-            (
-                e
-                for e in row["evals"]
-                if all(e["metrics"].get(t.metric, -math.inf) >= t.value for t in wanted)
-            ),
-            None,
-        )
+        first = next((e for e in row["evals"] if meets(wanted, e["metrics"])), None)
         out.append(
             {
                 **row,

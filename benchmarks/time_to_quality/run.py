@@ -165,9 +165,9 @@ def train_and_evaluate(
         if progress:
             shown = " ".join(f"{t.metric}={metrics[t.metric]:.3f}" for t in task.targets)
             print(f"  {task.key} s{seed} {variant.name} lr={learning_rate:g} it {point}: {shown}", flush=True)
-        if stop_at_target and meets(task, metrics):
+        if stop_at_target and meets(task.targets, metrics):
             break
-    first = next((e for e in evals if meets(task, e["metrics"])), None)
+    first = next((e for e in evals if meets(task.targets, e["metrics"])), None)
     return {
         "task": task.key,
         "seed": seed,

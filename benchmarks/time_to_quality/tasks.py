@@ -8,7 +8,7 @@ twin ``b4flat`` (the same vector as one Continuous leaf) as the score a trained 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +198,6 @@ def engine_policy(task: TaskDef, snapshots: Mapping[int, bytes], policy_seed: np
     return policy.bind(policy_seed)
 
 
-def meets(task: TaskDef, metrics: Mapping[str, float]) -> bool:
-    """Whether ``metrics`` reach every target of ``task``."""
-    return all(metrics.get(target.metric, -np.inf) >= target.value for target in task.targets)
+def meets(targets: Iterable[Target], metrics: Mapping[str, float]) -> bool:
+    """Whether ``metrics`` reach every one of ``targets`` (a task's, or an intermediate quality)."""
+    return all(metrics.get(target.metric, -np.inf) >= target.value for target in targets)

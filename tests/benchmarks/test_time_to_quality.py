@@ -60,7 +60,7 @@ def _row(
         {"it": it, "train_s": it / 1000, "metrics": {metric: value, "both_modes_covered": 1.0}}
         for it, value in curve
     ]
-    first = next((e for e in evals if meets(TASKS[task], e["metrics"])), None)
+    first = next((e for e in evals if meets(TASKS[task].targets, e["metrics"])), None)
     return {
         "task": task,
         "seed": seed,
