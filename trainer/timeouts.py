@@ -52,6 +52,10 @@ class Timeouts:
     """Sleep between polls of the control block (the engine polls every 1 ms)."""
     peer_check_interval: float = 0.5
     """How often a wait checks that the game is still there (a dead game ends the run within this)."""
+    signal_grace: float = 10.0
+    """A send under way when SIGINT/SIGTERM arrives keeps waiting this long for the game to take it (the
+    round finishes, so the engine is not left blocked in ReceiveNetwork, spec §7.1); then it gives up,
+    so a paused or stuck game never keeps a signalled trainer alive. The engine's own wait is 10 s."""
 
     def __post_init__(self) -> None:
         if not self.wait > 0:

@@ -201,6 +201,7 @@ def train_over_shared_memory(
     latest: tuple[bytes, ...] = ()
     rounds = 0
     last_iteration = 0
+    last_total = 0
     iteration_at_round = 0
     completed = False
     stopped_early: str | None = None
@@ -209,7 +210,7 @@ def train_over_shared_memory(
     game = ShmGame.create(task_dir / "Configs", timeout=_ENGINE_TIMEOUT_S)
 
     def drain() -> None:
-        nonlocal last_iteration, distill_start
+        nonlocal last_iteration, last_total, distill_start
         while True:
             try:
                 line = lines.get_nowait()
@@ -220,7 +221,7 @@ def train_over_shared_memory(
                 distill_start = int(distill["start"])
             parsed = parse_progress_line(line)
             if parsed is not None:
-                last_iteration = parsed.iteration
+                last_iteration, last_total = parsed.iteration, parsed.total
                 curve.append((parsed.iteration, parsed.loss))
                 monitor.progress(parsed)
 
@@ -242,6 +243,11 @@ def train_over_shared_memory(
         drain()
         now = time.monotonic()
         if deadline is not None and now > deadline:
+            if last_total and last_iteration >= last_total:
+                # Training is over: the final round and Complete are on their way (the trainer prints
+                # its last progress line before it sends them). A Stop now would race the Complete, so
+                # the game takes them as the engine would; the trainer's exit is still watched.
+                return None
             if latest:
                 stopped_early = "time limit"
                 return TickAction.STOP

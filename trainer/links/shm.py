@@ -29,7 +29,7 @@ from protocol.controls import CONTROL_BLOCK_BYTES, Control, TrainerControls, ini
 from protocol.errors import ControlError, GuidError
 from protocol.guid import os_shm_name, parse_guid, platform_guid_string
 from protocol.replay import ReplayBuffer, ReplayLayout
-from trainer.errors import BadData, LaunchError, PeerGone, WaitTimeout
+from trainer.errors import BadData, Interrupted, LaunchError, PeerGone, WaitTimeout
 from trainer.handover import FLOW_MATCHING
 from trainer.links.base import check_snapshot_size
 from trainer.timeouts import Timeouts
@@ -38,7 +38,7 @@ from trainer.transport.liveness import parent_watch
 from trainer.transport.lockfile import ControlBlockLock
 from trainer.transport.shm import SharedRegion, region_exists
 from trainer.transport.staging import ReplayStaging
-from trainer.transport.wait import WaitRule, wait_until
+from trainer.transport.wait import StopRequested, WaitRule, after_grace, wait_until
 
 __all__ = ["ShmTrainerLink"]
 
@@ -153,9 +153,10 @@ class ShmTrainerLink:
         return region_exists(self._controls_name)
 
     def _wait(self, predicate: Callable[[], T | None], what: str, *, interruptible: bool = True) -> T:
-        # Sends are not interruptible: a SIGINT/SIGTERM in the middle of a round would leave the engine
-        # blocked in ReceiveNetwork for the rest of it (an error there, spec §7.1). The round finishes
-        # (each wait still ends when the game is gone) and the loop stops at the next step boundary.
+        # Sends give a signal a grace period: a SIGINT/SIGTERM in the middle of a round would leave the
+        # engine blocked in ReceiveNetwork for the rest of it (an error there, spec §7.1). The round
+        # finishes and the loop stops at the next step boundary; a game that does not take the network
+        # within Timeouts.signal_grace (paused, stuck) no longer keeps the signalled trainer alive.
         return wait_until(
             predicate,
             timeout=self._rule.start(what),
@@ -167,7 +168,11 @@ class ShmTrainerLink:
             peer_alive=self._peer_alive,
             stop=self._stop_seen,
             peer_check_interval=self._timeouts.peer_check_interval,
-            interrupted=self._interrupted if interruptible else None,
+            interrupted=(
+                self._interrupted
+                if interruptible
+                else after_grace(self._interrupted, self._timeouts.signal_grace)
+            ),
             on_poll=self._prepare_staging,
         )
 
@@ -377,7 +382,10 @@ class ShmTrainerLink:
 
     def finish(self, timeout: float) -> None:
         """Wait for the engine to take Complete: as long as it lives in spawned mode, at most ``timeout``
-        s in attach mode. Shared memory has no exit race (§10 item 7): giving up loses nothing."""
+        s in attach mode. Shared memory has no exit race (§10 item 7): giving up loses nothing.
+
+        The game may end training with Stop instead of taking Complete (EndTraining racing our last
+        round), and the user may signal us: both end the wait at once, like every other wait."""
         if self._closed:
             return
         try:
@@ -388,8 +396,10 @@ class ShmTrainerLink:
                 poll_interval=max(self._timeouts.poll_interval, 0.001),
                 peer_alive=self._peer_alive,
                 peer_check_interval=self._timeouts.peer_check_interval,
+                stop=self._stop_seen,
+                interrupted=self._interrupted,
             )
-        except (WaitTimeout, PeerGone):
+        except (WaitTimeout, PeerGone, StopRequested, Interrupted):
             pass  # Complete stays in the block; nothing else to do for us.
 
     def close(self) -> None:

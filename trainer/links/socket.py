@@ -35,7 +35,7 @@ from trainer.errors import LaunchError, PeerGone
 from trainer.links.base import check_snapshot_size
 from trainer.timeouts import Timeouts
 from trainer.transport.tcp import ACCEPT_HINT, TcpConnection, TcpServer
-from trainer.transport.wait import StopRequested, WaitRule, wait_until
+from trainer.transport.wait import StopRequested, WaitRule, after_grace, wait_until
 
 __all__ = ["SocketTrainerLink"]
 
@@ -253,7 +253,13 @@ class SocketTrainerLink:
         # One lock for every writer: the keep-alive thread's ping must never land inside a message.
         with self._send_lock:
             try:
-                conn.send_parts(parts, peer_alive=self._peer_alive_check)
+                # A signal lets the message finish (a half-sent network would break the stream) unless
+                # the game stops reading for Timeouts.signal_grace (paused, stuck).
+                conn.send_parts(
+                    parts,
+                    peer_alive=self._peer_alive_check,
+                    interrupted=after_grace(self._interrupted, self._timeouts.signal_grace),
+                )
             except PeerGone:
                 # The engine may send Stop and close its socket while our network is still going out
                 # (spec §2.4: after Stop it does not wait for the round). If a Stop is among what arrived,
@@ -292,7 +298,7 @@ class SocketTrainerLink:
         if not self._send_lock.acquire(blocking=False):
             return
         try:
-            conn.send_parts([encode_ping()])
+            conn.send_parts([encode_ping()], interrupted=self._interrupted)
         finally:
             self._send_lock.release()
 
@@ -330,7 +336,7 @@ class SocketTrainerLink:
         conn = self._conn
         if conn is None or self._closed or self._eof:
             return
-        conn.wait_closed(math.inf, peer_alive=self._peer_alive_check)
+        conn.wait_closed(math.inf, peer_alive=self._peer_alive_check, interrupted=self._interrupted)
 
     def close(self) -> None:
         """Close the connection and the listener. Idempotent."""

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from trainer.errors import LaunchError, PeerGone, WaitTimeout
+from trainer.errors import Interrupted, LaunchError, PeerGone, WaitTimeout
 from trainer.transport.wait import wait_until
 
 __all__ = [
@@ -111,15 +111,23 @@ class TcpConnection:
     def closed(self) -> bool:
         return self._sock is None
 
-    def send_parts(self, parts: Sequence[Buffer], *, peer_alive: Callable[[], bool] | None = None) -> None:
+    def send_parts(
+        self,
+        parts: Sequence[Buffer],
+        *,
+        peer_alive: Callable[[], bool] | None = None,
+        interrupted: Callable[[], bool] | None = None,
+    ) -> None:
         """Send every part in order, as one stream segment sequence, without joining them.
 
         A peer that does not read (a paused game) is waited for up to ``send_timeout`` seconds (default:
-        no bound), checking ``peer_alive`` between slices of :data:`_SEND_SLICE` seconds.
+        no bound), checking ``peer_alive`` and ``interrupted`` between slices of :data:`_SEND_SLICE`
+        seconds.
 
         Raises:
             PeerGone: the engine closed or reset the connection, or ``peer_alive`` returned False.
             WaitTimeout: the engine did not read for ``send_timeout`` seconds.
+            Interrupted: ``interrupted`` returned True while the engine was not reading.
         """
         sock = self.sock
         views = [memoryview(p).cast("B") for p in parts if len(p)]
@@ -137,6 +145,10 @@ class TcpConnection:
                         raise
                     if peer_alive is not None and not peer_alive():
                         raise PeerGone(f"{self.peer} went away while we were sending to it") from None
+                    if interrupted is not None and interrupted():
+                        raise Interrupted(
+                            f"interrupted while sending to {self.peer} (it stopped reading)"
+                        ) from None
                     continue
                 # Drop fully sent parts and trim the first partly sent one (partial writes happen
                 # whenever the kernel buffer is smaller than the message).
@@ -221,19 +233,21 @@ class TcpConnection:
         on_data: Callable[[memoryview], None] | None = None,
         *,
         peer_alive: Callable[[], bool] | None = None,
+        interrupted: Callable[[], bool] | None = None,
     ) -> bool:
         """Wait up to ``timeout`` s (``math.inf``: no bound) for the peer to close; pass any bytes that
         arrive to ``on_data``.
 
         Returns True when EOF or a reset was seen, or ``peer_alive`` returned False (checked every
-        :data:`_CLOSE_SLICE` seconds); False on timeout. Used after Complete: the engine closes the socket
+        :data:`_CLOSE_SLICE` seconds); False on timeout or once ``interrupted`` returns True (SIGINT or
+        SIGTERM: the user wants the process gone). Used after Complete: the engine closes the socket
         itself, and exiting first would make its pending reads fail (spec §10 item 7).
         """
         deadline = time.monotonic() + timeout
         scratch = bytearray(65536)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or (interrupted is not None and interrupted()):
                 return False
             if peer_alive is not None and not peer_alive():
                 return True

@@ -32,7 +32,15 @@ from trainer.errors import Interrupted, PeerGone, TrainerError, WaitTimeout
 from trainer.exitcodes import ExitCode
 from trainer.timeouts import WAIT_ADVICE, Timeouts
 
-__all__ = ["SPIN_SECONDS", "TIMEOUT_HINT", "StopRequested", "WaitRule", "say", "wait_until"]
+__all__ = [
+    "SPIN_SECONDS",
+    "TIMEOUT_HINT",
+    "StopRequested",
+    "WaitRule",
+    "after_grace",
+    "say",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -63,6 +71,28 @@ def say(line: str) -> None:
         print(line, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def after_grace(interrupted: Callable[[], bool] | None, grace: float) -> Callable[[], bool] | None:
+    """``interrupted`` that answers True only once it has been True for ``grace`` seconds.
+
+    For waits that should normally finish after a signal (a send in the middle of a round: the engine
+    would be left blocked in ReceiveNetwork) but must not outlive it: a game that never takes the
+    network (paused, stuck) would otherwise keep a SIGTERMed trainer alive for ever.
+    """
+    if interrupted is None:
+        return None
+    seen_at: list[float] = []
+
+    def late() -> bool:
+        if not interrupted():
+            return False
+        now = time.monotonic()
+        if not seen_at:
+            seen_at.append(now)
+        return now - seen_at[0] >= grace
+
+    return late
 
 
 class WaitRule:
