@@ -6,6 +6,7 @@ Every failure ends with one readable paragraph on stderr and a documented code (
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -404,4 +405,9 @@ def _keep_flow_matching(
         link.close()
         raise
     link.close()  # unmap only: the engine created the control block
+    if status_path is not None:
+        # The status said "waiting for config" for a run that is now the engine's script's: left behind,
+        # la-trainer watch would follow a run that never trains here (and call it stale, then dead).
+        with contextlib.suppress(OSError):
+            status_path.unlink()
     raise HandOver(method, target)

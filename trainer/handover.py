@@ -6,9 +6,12 @@ script (``la-trainer install-engine``, ``-LearningAgentsEnginePath``), its other
 
 * **Shared memory** (spawned): before torch is imported, the trainer waits for ConfigSignal and reads
   ``TrainerMethod`` without acknowledging (:meth:`trainer.links.ShmTrainerLink.peek_trainer_method`). For
-  anything but FlowMatching it pings once (the engine's wait clock restarts), unmaps the control block (the
-  engine created it: never unlinked) and runs the engine's ``train.py`` with the same interpreter and the
-  identical argv. POSIX: ``os.execve``, so the process id and the output pipe the engine holds stay the
+  anything but FlowMatching it pings (the engine's wait clock restarts), unmaps the control block (the
+  engine created it: never unlinked), removes the status file it had started, and runs the engine's
+  ``train.py`` with the same interpreter and the identical argv. The script needs its own Python, torch and
+  module before its first handshake, longer than the engine's 10 s on a loaded machine: a small pinger
+  process (:mod:`trainer.dropin.pinger`, ``--handover``) keeps the engine's clock running until the script
+  asks for a network itself (or the engine, the script or a bound is gone). POSIX: ``os.execve``, so the process id and the output pipe the engine holds stay the
   same. Windows has no exec that keeps the process (``os.execv`` starts a new one and ends this one, which
   the engine would see as a dead trainer): the script runs as our child with our output handles, and we
   return its exit code; the engine's Terminate ends the whole tree. The engine does not wait for the
@@ -153,6 +156,15 @@ def socket_refusal(method: str) -> Unsupported:
     )
 
 
+def _handover_pinger(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+    """The hand-over pinger for a spawned shared-memory ``argv`` (None otherwise, or when it cannot run)."""
+    try:
+        from trainer.dropin.pinger import start_pinger
+    except ImportError:  # pragma: no cover - a partial install: the hand-over goes on without it
+        return None
+    return start_pinger(argv, env, engine_pid=os.getppid())
+
+
 def hand_over(target: Path, argv: Sequence[str], *, platform: str | None = None) -> int:
     """Run ``target`` with the engine's ``argv`` (verbatim) and this interpreter, in place of this process.
 
@@ -165,8 +177,18 @@ def hand_over(target: Path, argv: Sequence[str], *, platform: str | None = None)
             stream.flush()
         except (OSError, ValueError):
             pass
+    # The engine's clock was reset once before we got here, but the script needs its own Python, torch
+    # and module before its first handshake, which can take longer than the engine's 10 s: a pinger
+    # keeps the clock running until the script has taken over (trainer.dropin.pinger, --handover).
+    pinger = _handover_pinger(argv, env)
     if (platform or sys.platform) == "win32":
         # Our output handles, explicitly: the child writes into the pipe the engine reads.
-        return subprocess.call(command, env=env, stdin=subprocess.DEVNULL, stdout=1, stderr=2)
+        try:
+            return subprocess.call(command, env=env, stdin=subprocess.DEVNULL, stdout=1, stderr=2)
+        finally:
+            if pinger is not None:
+                pinger.kill()
+    # POSIX: the pinger stays our child across the exec; it ends by itself once the script took over or
+    # when this process (then the script) is gone.
     os.execve(sys.executable, command, env)
     raise AssertionError("os.execve returned")  # pragma: no cover

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from emulator.session import EngineTask, build_session_config, free_tcp_port
 from tests.support.sessions import SETTINGS
 from trainer.exitcodes import ExitCode
 from trainer.handover import DROPIN_MARKER, ENV_HANDED_OVER
+from trainer.progress import STATUS_FILE_NAME
 
 pytestmark = [
     pytest.mark.integration,
@@ -39,9 +41,16 @@ pytestmark = [
 
 EXIT_BOUND_S = 60.0
 """The trainer, the hand-over and the stand-in, start to end (python starts twice; no torch import)."""
+ENGINE_TIMEOUT_S = 5.0
+"""The game's communicator timeout in the slow-start test (the engine's default is 10 s)."""
+SCRIPT_START_S = float(os.environ.get("HANDOVER_START_S", "15"))
+"""How long the engine's script takes to its first handshake there: three times the game's timeout (the
+issue's 30 s start against the engine's 10 s is ``HANDOVER_START_S=30`` with ENGINE_TIMEOUT_S 10)."""
 
 RECORDING_STAND_IN = r"""
 import json, mmap, os, struct, sys, time
+# What the engine's script spends before its first handshake (its Python, torch, its trainer module).
+time.sleep(float(os.environ.get("STAND_IN_START_S", "0")))
 import posix_ipc
 
 out = {"argv": sys.argv[1:], "pid": os.getpid(), "cwd": os.getcwd(), "executable": sys.executable,
@@ -137,6 +146,50 @@ def test_a_shared_memory_run_of_another_method_reaches_the_engine_script_intact(
     assert controls[4] == 0 and controls[8] == -1, controls  # no network was requested before it
     assert seen["network_0_taken"] is True
     assert f"TrainerMethod is '{method}'" in output and str(layout.engine_train_py) in output
+
+
+def _process_group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_an_engine_script_that_starts_slower_than_the_engine_timeout_still_takes_the_run(
+    layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    """The engine's clock, reset once before the hand-over, would run out while the engine's script
+    starts (its Python and torch): la-trainer keeps pinging until the script asks for network 0 itself.
+    Also: the run's status file does not stay at "waiting for config", and the pinger ends with the run."""
+    config, snapshots = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
+    task_dir = make_task_dir(layout.intermediate_dir)
+    game = ShmGame.create(task_dir / "Configs", timeout=ENGINE_TIMEOUT_S)
+    argv = shared_memory_command(layout, "Training", task_dir, game.controls_guid)
+    env = {**_env(tmp_path), "STAND_IN_START_S": str(SCRIPT_START_S)}
+    proc = TrainerProcess(argv, cwd=layout.root, env=env)
+    try:
+        game.process_alive = proc.alive
+        game.begin(config, before_signal=_method("BehaviorCloning"))
+        game.send_network(0, snapshots[0])  # raises EngineFailure(TIMEOUT) if the clock ran out
+        code = proc.wait(EXIT_BOUND_S + SCRIPT_START_S)
+        output = proc.output()
+        pings = [what for _, what in game.events if what.startswith("ping taken")]
+    finally:
+        proc.close()
+        game.close()
+    assert code == 0, output
+    seen = json.loads((tmp_path / "stand-in.json").read_text())
+    assert seen["network_0_taken"] is True and seen["pid"] == proc.pid
+    # One ping before the exec cannot cover a start three times the timeout: the pinger did.
+    assert len(pings) >= 2, game.events
+    assert not (task_dir / STATUS_FILE_NAME).exists()
+    # The pinger was a child of the process that became the script: nothing of the run outlives it.
+    for _ in range(100):
+        if _process_group_gone(proc.pid):
+            break
+        time.sleep(0.1)
+    assert _process_group_gone(proc.pid), "the pinger outlived the engine's script"
 
 
 def test_a_socket_run_for_another_module_is_handed_over_before_anything_is_bound(

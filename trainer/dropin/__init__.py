@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -73,7 +72,9 @@ def reexec_under_torchrun(argv: Sequence[str], nproc: int) -> int:
     root = str(Path(__file__).resolve().parents[2])  # the package root: trainer/dropin/__init__.py
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env[ENV_ENGINE_PID] = str(os.getppid())
-    pinger = _start_pinger(argv, env)
+    from trainer.dropin.pinger import start_pinger
+
+    pinger = start_pinger(argv, env, lock=True, engine_pid=os.getppid())
     sys.stdout.flush()
     if os.name == "nt":  # pragma: no cover - no exec on Windows
         import subprocess
@@ -85,33 +86,6 @@ def reexec_under_torchrun(argv: Sequence[str], nproc: int) -> int:
                 pinger.kill()
     os.execve(sys.executable, command, env)
     raise AssertionError("os.execve returned")  # pragma: no cover
-
-
-def _start_pinger(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
-    """The pinger for the control block named in a spawned shared-memory ``argv`` (None otherwise)."""
-    import subprocess
-
-    from protocol.argv import SharedMemoryArgs, parse_launch_argv
-    from protocol.errors import ProtocolError
-    from protocol.guid import os_shm_name
-    from trainer.dropin.pinger import STARTUP_LIFETIME_S
-    from trainer.transport.lockfile import lock_path
-
-    try:
-        mode = parse_launch_argv(list(argv)).mode
-        if not isinstance(mode, SharedMemoryArgs) or mode.create_mem or not mode.controls_guid:
-            return None
-        name = os_shm_name(mode.controls_guid, sys.platform)
-    except ProtocolError:
-        return None  # rank 0 reports the bad command line
-    lock = lock_path(mode.controls_guid)
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainer.dropin.pinger", name, str(lock), str(STARTUP_LIFETIME_S)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
