@@ -251,9 +251,14 @@ def shm_command(
     from protocol.guid import parse_guid
     from trainer.app import open_link_for_launch, run_with_link
     from trainer.options import load_options
+    from trainer.runrecord import check_output_folder
     from trainer.timeouts import Timeouts
 
-    options = load_options(task_dir if task_dir.is_dir() else None, training_overrides(kwargs))
+    options = load_options(
+        task_dir if task_dir.is_dir() else None,
+        training_overrides(kwargs),
+        shared_dir=task_dir.resolve().parent,  # the project-wide file (trainer.options.load_options)
+    )
     timeouts = Timeouts.from_env(options.wait)
     if guid is None:
         if not create:
@@ -264,9 +269,8 @@ def shm_command(
             guid = parse_guid(guid).braced_upper()
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--guid") from None
-    task_dir.mkdir(parents=True, exist_ok=True)
-    config_dir = (config_dir or task_dir / "Configs").resolve()
-    config_dir.mkdir(parents=True, exist_ok=True)
+    check_output_folder(task_dir, "TASK_DIR")
+    config_dir = check_output_folder((config_dir or task_dir / "Configs").resolve(), "--config-dir")
     if create:
         click.echo("Start the game with these command-line switches:")
         click.echo(
@@ -314,14 +318,14 @@ def socket_command(host: str, port: int, temp_dir: Path, **kwargs: Any) -> None:
     from protocol.argv import LaunchArgs, SocketArgs
     from trainer.app import open_link_for_launch, run_with_link
     from trainer.options import load_options
-    from trainer.runrecord import new_task_folder
+    from trainer.runrecord import check_output_folder, new_task_folder
     from trainer.timeouts import Timeouts
 
     options = load_options(
         None, training_overrides(kwargs), shared_dir=temp_dir if temp_dir.is_dir() else None
     )
     timeouts = Timeouts.from_env(options.wait)
-    task_dir = new_task_folder(temp_dir, "External")
+    task_dir = new_task_folder(check_output_folder(temp_dir, "--temp-dir"), "External")
     click.echo(f"Run folder: {task_dir}")
     click.echo("Start the game with these command-line switches:")
     shown_host = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
@@ -366,19 +370,32 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     """
     from trainer.app import run_with_link
     from trainer.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
-    from trainer.options import load_options
-    from trainer.runrecord import new_task_folder
+    from trainer.options import SETTINGS_FILE_NAME, load_options
+    from trainer.runrecord import check_output_folder, new_task_folder
     from trainer.transport.files import find_training_materials
 
     overrides = training_overrides(kwargs)
-    # The values first (a typo must not wait for the folder checks), then with the export's settings file.
+    # The values first (a typo must not wait for the folder checks), then with the settings files: the
+    # project's (beside TrainingMaterials/) and the output folder's (trainer.options.load_options).
     load_options(None, overrides)
     folder = find_training_materials(materials)
-    options = load_options(folder, overrides, warn=lambda _: None)  # warned once already
+    project = default_output_parent(folder)
+    options = load_options(
+        out if out is not None and out.is_dir() else None,
+        overrides,
+        warn=lambda _: None,  # warned once already
+        shared_dir=project,
+    )
+    if (folder / SETTINGS_FILE_NAME).exists():
+        click.echo(
+            f"la-trainer: warning: {folder / SETTINGS_FILE_NAME} is not read (an export is the engine's input); "
+            f"settings for every run go in {project / SETTINGS_FILE_NAME} (README, 'Trainer options').",
+            err=True,
+        )
     if out is None:
-        out = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
+        out = new_task_folder(check_output_folder(project, "--out"), OFFLINE_TASK_NAME)
     link = FileTrainerLink(folder, output_dir=out)  # refuses an export as the output folder
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_folder(out, "--out")
     click.echo(f"la-trainer: training from {folder}; outputs in {out}")
     _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
 

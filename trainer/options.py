@@ -1,9 +1,11 @@
 """Our own knobs: settings the engine does not send (cadences, time distribution, threads, distillation).
 
 The engine's config decides *what* to train (spec §4). These options decide *how* this trainer runs it.
-They come from, in increasing priority: defaults, a ``la-trainer.json`` file in the task directory (so an
-engine-spawned run can be tuned without touching the engine), ``LA_TRAINER_<NAME>`` environment
-variables, and explicit command-line options. One dataclass, parsed once at the edge.
+They come from, in increasing priority: defaults, the project-wide ``la-trainer.json`` (in the folder that
+holds the run's task folder: ``<Project>/Intermediate/LearningCore`` for the engine's runs), the task
+folder's own ``la-trainer.json`` (so an engine-spawned run can be tuned without touching the engine),
+``LA_TRAINER_<NAME>`` environment variables, and explicit command-line options. One dataclass, parsed
+once at the edge; the folders each mode reads are listed in :func:`load_options` and the README.
 
 Every option's value domain is declared once, beside its field (:func:`_option`), and checked in
 ``TrainerOptions.__post_init__``: the command line, the environment, the settings file, the scale-out
@@ -43,6 +45,7 @@ __all__ = [
     "SETTINGS_FILE_NAME",
     "OptionError",
     "TrainerOptions",
+    "check_command_value",
     "cli_flag",
     "env_name",
     "load_options",
@@ -244,6 +247,25 @@ class TrainerOptions:
             _validate(f.name, getattr(self, f.name), "TrainerOptions")
 
 
+def check_command_value(flag: str, value: object, expected: str, check: Callable[[Any], bool]) -> None:
+    """A command's own value that is not one of these options (``record --learning-rate``), checked in
+    the same form: not finite, or refused by ``check``, is an :class:`OptionError` (exit code 2) that
+    names the flag, the value and ``expected``, before any file is read or written.
+
+    Raises:
+        OptionError: the value is outside its domain.
+    """
+    finite = not isinstance(value, float) or math.isfinite(value)
+    if not (finite and check(value)):
+        raise OptionError(
+            flag.lstrip("-").replace("-", "_"),
+            value,
+            expected,
+            f"command-line option {flag}",
+            "See 'la-trainer COMMAND --help'.",
+        )
+
+
 def option_names() -> tuple[str, ...]:
     """Every option's name (settings-file key), in declaration order."""
     return tuple(f.name for f in fields(TrainerOptions))
@@ -397,7 +419,9 @@ def unknown_environment_names(environ: Mapping[str, str]) -> list[str]:
 def _settings_file(path: Path) -> dict[str, object]:
     fix = f'Fix {path} (one JSON object such as {{"threads": 1}}) or remove it.'
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: Notepad and PowerShell 5 (Out-File, Set-Content -Encoding UTF8) start the file with
+        # a byte-order mark, which plain utf-8 hands to the JSON parser as a stray character.
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as error:
         raise LaunchError(f"settings file {path} cannot be read: {error}. {fix}") from None
     try:
@@ -422,9 +446,21 @@ def load_options(
     """Defaults < ``<shared_dir>/la-trainer.json`` < ``<task_dir>/la-trainer.json`` < ``LA_TRAINER_*`` env
     vars < ``overrides``.
 
-    ``shared_dir``: a folder whose settings file applies to every run under it. Engine-spawned runs pass
-    the engine's IntermediatePath (``<Project>/Intermediate/LearningCore``): the engine makes a new task
-    folder for every run, so a settings file can only be placed there in advance.
+    ``shared_dir``: a folder whose settings file applies to every run under it, the project-wide file:
+    the engine makes a new task folder for every run, so a settings file can only be placed above it in
+    advance. The one lookup order, in every mode (README, "Trainer options")::
+
+        mode                            shared_dir                              task_dir
+        engine-spawned (shm, socket)    IntermediatePath (<Project>/Inter-      the engine's <TaskName><N>
+                                        mediate/LearningCore)
+        la-trainer shm TASK_DIR         TASK_DIR's parent                       TASK_DIR
+        la-trainer socket --temp-dir D  D                                       D/External<N> (new)
+        la-trainer offline EXPORT       the folder holding TrainingMaterials/   --out, or Offline<N> (new)
+                                        (else the export's parent)
+        la-trainer record --out D       D                                       D/Offline<N> (new)
+
+    A ``la-trainer.json`` inside an export is not read (the export is the engine's, input only).
+    The file may start with a UTF-8 byte-order mark; one that is a folder is refused.
 
     ``overrides``: command-line values by option name (None: not given). ``warn``: where the warnings
     about unknown ``LA_TRAINER_*`` variables go (default: one ``la-trainer: warning:`` line each on
@@ -436,6 +472,12 @@ def load_options(
     values: dict[str, object] = {}
     folders = [Path(d) for d in (shared_dir, task_dir) if d is not None]
     for path in [folder / SETTINGS_FILE_NAME for folder in folders]:
+        if path.is_dir():
+            # Most likely made by mistake (mkdir instead of a file): ignoring it would drop settings silently.
+            raise LaunchError(
+                f"settings file {path} is a folder, not a file. Remove that folder, or put the settings "
+                f'into a file of that name (one JSON object such as {{"threads": 1}}).'
+            )
         if path.is_file():
             fix = f"Edit {path}."
             given: dict[str, str] = {}

@@ -18,7 +18,7 @@ the same errors everywhere else.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,20 +35,34 @@ from protocol.config import (
 from protocol.engine.configs import build_engine_session, format_time_stamp
 from protocol.engine.export import TRAINING_MATERIALS_DIR, encode_training_materials, export_folder_name
 from protocol.errors import ProtocolError
+from protocol.ints import INT32_MAX, INT32_MIN
 from protocol.record import Record, read_records, records_to_replay_buffer
 from trainer.app import run_with_link
 from trainer.cli import training_options, training_overrides
 from trainer.exitcodes import ExitCode
 from trainer.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
-from trainer.options import load_options
-from trainer.runrecord import new_task_folder
+from trainer.options import check_command_value, load_options
+from trainer.runrecord import check_output_folder, new_task_folder
 from trainer.transport.atomic import atomic_write
 
-__all__ = ["RECORD_ITERATIONS", "RecordBadData", "RecordUsageError", "record_command"]
+__all__ = ["RECORD_ITERATIONS", "RECORD_VALUES", "RecordBadData", "RecordUsageError", "record_command"]
 
 RECORD_ITERATIONS = 20000
 """IterationNum of the generated trainer config unless ``--iterations`` says otherwise (the engine's
 default of 1,000,000 is meant for a game that keeps running; 20k trains the demo tasks well)."""
+
+
+RECORD_VALUES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "--batch-size": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+    "--learning-rate": ("a finite number > 0", lambda v: v > 0),
+    "--seed": (f"a whole number from {INT32_MIN} to {INT32_MAX}", lambda v: INT32_MIN <= v <= INT32_MAX),
+    "--hidden-layers": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+    "--hidden-size": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+    "--chunk": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+}
+"""What the generated configs may hold (the engine's own ranges, protocol.config), checked by
+:func:`trainer.options.check_command_value` before any file is read: a value the config reader would
+refuse later would be blamed on the generated export, a file the user never wrote."""
 
 
 class RecordUsageError(click.ClickException):
@@ -102,21 +116,15 @@ def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object
     show_default=True,
     help="Folder for the TrainingMaterials export and the trained networks (in a new Offline<N> folder).",
 )
-@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--learning-rate", type=float, default=1e-4, show_default=True)
-@click.option("--seed", type=int, default=1234, show_default=True)
+@click.option("--batch-size", type=int, default=256, show_default=True, help="BatchSize.")
+@click.option("--learning-rate", type=float, default=1e-4, show_default=True, help="LearningRate (> 0).")
+@click.option("--seed", type=int, default=1234, show_default=True, help="Seed (a 32-bit integer).")
 @click.option(
-    "--hidden-layers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="HiddenLayerNum (engine default 1).",
+    "--hidden-layers", type=int, default=1, show_default=True, help="HiddenLayerNum (engine default 1)."
 )
-@click.option(
-    "--hidden-size", type=click.IntRange(min=1), default=128, show_default=True, help="HiddenLayerSize."
-)
+@click.option("--hidden-size", type=int, default=128, show_default=True, help="HiddenLayerSize.")
 @click.option("--activation", type=click.Choice(ACTIVATION_FUNCTIONS), default="ELU", show_default=True)
-@click.option("--chunk", type=click.IntRange(min=1), default=1, show_default=True, help="ActionChunkSize.")
+@click.option("--chunk", type=int, default=1, show_default=True, help="ActionChunkSize.")
 @click.option("--embed/--no-embed", default=True, show_default=True, help="EmbedNormalizationsInWeights.")
 @training_options
 def record_command(
@@ -141,6 +149,17 @@ def record_command(
     """
     overrides = training_overrides(kwargs)
     load_options(None, overrides)  # refuse a bad value before reading any file
+    own = {
+        "--batch-size": batch_size,
+        "--learning-rate": learning_rate,
+        "--seed": seed,
+        "--hidden-layers": hidden_layers,
+        "--hidden-size": hidden_size,
+        "--chunk": chunk,
+    }
+    for flag, value in own.items():
+        expected, check = RECORD_VALUES[flag]
+        check_command_value(flag, value, expected, check)
     obs_schema, act_schema = _load_schemas(schema_path)
     all_records: list[Record] = []
     for path in records:
@@ -184,13 +203,15 @@ def record_command(
         raise RecordBadData(
             f"cannot build the engine's networks and configs for this schema: {error}"
         ) from None
+    check_output_folder(out, "--out")  # after the inputs: a refused input leaves no folder behind
     folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
     for relative, data in files.items():
         target = folder / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, data)
     click.echo(f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}")
-    options = load_options(folder, overrides, warn=lambda _: None)  # warned once already
+    # The settings files as in every mode (trainer.options.load_options): --out is the project folder.
+    options = load_options(None, overrides, warn=lambda _: None, shared_dir=out)  # warned once already
     output = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
     link = FileTrainerLink(folder, output_dir=output)
     click.echo(f"la-trainer: training; outputs in {output}")

@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from trainer.exitcodes import ExitCode
-from trainer.runrecord import RUN_FILE, find_run_folders, read_metrics
+from trainer.runrecord import RUN_FILE, check_output_folder, find_run_folders, read_metrics
 
 __all__ = [
     "PHASE_STYLE",
@@ -140,6 +140,8 @@ def report_command(run: Path, out: Path | None) -> None:
         )
         sys.exit(int(ExitCode.USAGE))
     folder = folders[0]
+    target = out or folder / "loss.png"
+    check_output_folder(target.parent, "--out")  # before matplotlib loads: a wrong --out ends at once
     try:
         points = read_metrics(folder)
     except FileNotFoundError:
@@ -155,7 +157,6 @@ def report_command(run: Path, out: Path | None) -> None:
             err=True,
         )
         sys.exit(int(ExitCode.USAGE))
-    target = out or folder / "loss.png"
     fig, ax = plt.subplots(figsize=(7.0, 4.0))
     try:
         total = max((int(p["iteration"]) for p in points), default=0) or None

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from protocol.config import TrainerConfig
+from trainer.errors import LaunchError
 from trainer.options import TrainerOptions
 from trainer.transport.atomic import atomic_write
 
@@ -56,6 +57,7 @@ __all__ = [
     "MetricsPoint",
     "RunLog",
     "RunRecord",
+    "check_output_folder",
     "find_run_folders",
     "new_task_folder",
     "read_metrics",
@@ -82,6 +84,56 @@ def task_name_of(task_dir: Path | None) -> str:
     if task_dir is None:
         return "Training"
     return task_dir.name.rstrip("0123456789") or task_dir.name or "Training"
+
+
+def _writable(folder: Path) -> str:
+    """Empty when this process can create a file in ``folder``, else why not. Both the permission bits
+    (:func:`os.access`) and a real probe file: root passes every permission check, yet a read-only mount
+    still refuses it, and an ACL can refuse what the bits allow."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "this user may not write there"
+    probe = folder / f".la-trainer-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        return f"a file cannot be written there ({error.strerror or error})"
+    return ""
+
+
+def check_output_folder(path: Path, option: str) -> Path:
+    """Make ``path`` a folder this process can write, before any link opens or anything slow starts; the
+    one check of every folder a command writes into (``--out``, ``--temp-dir``, ``TASK_DIR``).
+
+    A missing folder is created with its missing parents (as ``mkdir -p``: ``--out runs/seed3`` needs
+    no preparation). Refused, with exit code 2 and the path: a file where the folder (or one of its
+    parents) should be, a folder that cannot be created, one this process cannot write into.
+    ``option`` names where the path came from (``--out``), for the message.
+
+    Raises:
+        LaunchError: the folder is not usable; the message names it, why, and the fix.
+    """
+
+    def refuse(why: str, fix: str) -> LaunchError:
+        return LaunchError(f"the output folder {str(path)!r} ({option}) cannot be used: {why}. {fix}")
+
+    other = (
+        f"or choose another folder with {option}" if option.startswith("-") else f"or choose another {option}"
+    )
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise refuse(f"{str(blocking)!r} is a file, not a folder", f"Move that file away {other}.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise refuse(
+            f"it cannot be created ({error.strerror or error})",
+            f"Create it yourself with write permission for this user, {other}.",
+        ) from None
+    why = _writable(path)
+    if why:
+        raise refuse(why, f"Give this user write permission there, {other}.")
+    return path
 
 
 def new_task_folder(parent: Path, task_name: str) -> Path:

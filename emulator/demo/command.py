@@ -15,6 +15,7 @@ from emulator.demo.plan import DEFAULT_TIME_LIMIT_S, make_plan
 from emulator.demo.report import results_table_text
 from emulator.demo.run import run_demo
 from emulator.demo.training import ProgressLine
+from trainer.runrecord import check_output_folder
 
 __all__ = ["DEFAULT_OUT_DIR", "Console", "demo_command"]
 
@@ -140,6 +141,7 @@ def demo_command(
       la-trainer demo --seed 3 --out runs/seed3
     """
     started = time.monotonic()
+    check_output_folder(out_dir, "--out")  # before the recording: a wrong --out ends at once, exit 2
     plan = make_plan(
         iterations=iterations, seed=seed, ode_steps=ode_steps, quick=quick, time_limit_s=time_limit_s
     )

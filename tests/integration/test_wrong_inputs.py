@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.configs import write_export
+from tests.trainer.test_record_cli import _files as recorder_files
+from tests.trainer.test_record_cli import _record as one_record
 from trainer.exitcodes import ExitCode
 
 pytestmark = [pytest.mark.integration]
@@ -109,8 +111,84 @@ def test_bad_values_for_a_valid_export(
     ids=["typo", "broken-json", "bad-value"],
 )
 def test_a_bad_settings_file(export: Path, tmp_path: Path, content: str, needles: tuple[str, ...]) -> None:
-    (export / "la-trainer.json").write_text(content, encoding="utf-8")
+    """The project-wide file (<Project>/Intermediate/LearningCore, here tmp_path: the folder that holds
+    TrainingMaterials/) is read by offline, as by every mode."""
+    (tmp_path / "la-trainer.json").write_text(content, encoding="utf-8")
     check(*run_cli(["offline", str(export)], tmp_path), ExitCode.USAGE, "la-trainer.json", *needles)
+
+
+def test_offline_reads_the_projects_settings_not_a_copy_inside_the_export(
+    export: Path, tmp_path: Path
+) -> None:
+    (export / "la-trainer.json").write_text("{broken", encoding="utf-8")
+    (tmp_path / "la-trainer.json").write_text('{"ode_steps": "two"}', encoding="utf-8")
+    code, text, modules = run_cli(["offline", str(export)], tmp_path)
+    check(code, text, modules, ExitCode.USAGE, f"settings file {tmp_path / 'la-trainer.json'}", "'two'")
+    assert "not valid JSON" not in text
+
+
+def test_a_settings_file_with_a_byte_order_mark_is_read(export: Path, tmp_path: Path) -> None:
+    """Notepad and PowerShell 5 start a UTF-8 file with a BOM: the file is read (here: its bad value is
+    named), not refused as broken JSON."""
+    (tmp_path / "la-trainer.json").write_bytes(b"\xef\xbb\xbf" + b'{"ode_steps": "two"}')
+    check(*run_cli(["offline", str(export)], tmp_path), ExitCode.USAGE, "option 'ode_steps' to 'two'")
+
+
+def test_a_settings_file_that_is_a_folder_is_refused(export: Path, tmp_path: Path) -> None:
+    (tmp_path / "la-trainer.json").mkdir()
+    code, text, modules = run_cli(["offline", str(export), "--iterations", "1"], tmp_path)
+    check(code, text, modules, ExitCode.USAGE, "la-trainer.json is a folder, not a file")
+
+
+def test_attach_mode_reads_the_projects_settings(tmp_path: Path) -> None:
+    """``la-trainer shm <Project>/Intermediate/LearningCore/External``: the file beside the task folder
+    applies, refused before the control block is made (so no wait on a game: --wait 1 bounds the old
+    behaviour, which ignored the file)."""
+    (tmp_path / "la-trainer.json").write_text('{"threads": -3}', encoding="utf-8")
+    code, text, modules = run_cli(["shm", "External", "--create", "--wait", "1"], tmp_path)
+    check(code, text, modules, ExitCode.USAGE, "la-trainer.json", "option 'threads' to -3")
+    assert "-LearningAgentsControlsGuid" not in text
+
+
+def _run_record(folder: Path) -> Path:
+    """A run record with nothing but its run.json (what report needs to find a run)."""
+    run = folder / "Offline0" / "runs" / "Offline_FlowMatching_Files_x"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}", encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["socket", "--temp-dir", "afile/sub"], "(--temp-dir)"),
+        (["offline", "{export}", "--out", "afile/x"], "(--out)"),
+        (["shm", "afile/sub", "--create"], "(TASK_DIR)"),
+        (["shm", "task", "--create", "--config-dir", "afile/c"], "(--config-dir)"),
+        (["demo", "--quick", "--out", "afile/x"], "(--out)"),
+        (["report", "{runs}", "--out", "afile/loss.png"], "(--out)"),
+        (["record", "{record}", "--schema", "{schema}", "--out", "afile/r"], "(--out)"),
+    ],
+    ids=["socket", "offline", "shm", "shm-config-dir", "demo", "report", "record"],
+)
+def test_an_output_folder_under_a_file_is_refused(
+    export: Path, tmp_path: Path, args: list[str], option: str
+) -> None:
+    """A folder that cannot be made (here: a regular file where a parent folder should be, which refuses
+    root too) is exit 2 with the path and the fix, before any link opens, not a traceback."""
+    (tmp_path / "afile").write_text("not a folder", encoding="utf-8")
+    record_file, schema_file = recorder_files(tmp_path, [one_record(5)])  # record reads them first
+    names = {
+        "{export}": str(export),
+        "{runs}": str(_run_record(tmp_path / "runs")),
+        "{record}": str(record_file),
+        "{schema}": str(schema_file),
+    }
+    code, text, modules = run_cli([names.get(a, a) for a in args], tmp_path)
+    check(
+        code, text, modules, ExitCode.USAGE, option, "afile' is a file, not a folder", "Move that file away"
+    )
+    assert "-LearningAgents" not in text  # no engine switches printed: nothing was opened
 
 
 def test_a_misspelt_variable_is_named_with_the_right_one(tmp_path: Path) -> None:
@@ -176,3 +254,27 @@ def test_a_bad_engine_environment_is_refused_before_the_link_opens(
     assert done.returncode == ExitCode.USAGE, done.stderr
     assert needle in done.stderr
     assert "0A1B2C3D" not in done.stderr and TRACEBACK not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--learning-rate", "nan"], "--learning-rate sets option 'learning_rate' to nan"),
+        (["--learning-rate", "inf"], "--learning-rate sets option 'learning_rate' to inf"),
+        (["--learning-rate", "-1"], "--learning-rate sets option 'learning_rate' to -1.0"),
+        (["--seed", str(2**40)], "--seed sets option 'seed' to 1099511627776"),
+        (["--batch-size", "0"], "--batch-size sets option 'batch_size' to 0"),
+    ],
+    ids=["lr-nan", "lr-inf", "lr-negative", "seed", "batch-size"],
+)
+def test_record_checks_its_own_values_before_reading_a_file(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    """record's own options are refused like every command's: exit 2 naming the flag, before the records
+    are read (the record file here is empty and the schema not the recorder's: neither is looked at) and
+    before an export is written whose config a later check would blame."""
+    (tmp_path / "r.record").write_bytes(b"")
+    (tmp_path / "schema.json").write_text("{}", encoding="utf-8")
+    code, text, modules = run_cli(["record", "r.record", "--schema", "schema.json", *args], tmp_path)
+    check(code, text, modules, ExitCode.USAGE, needle)
+    assert not (tmp_path / "la-trainer-record").exists()
