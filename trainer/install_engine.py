@@ -10,15 +10,22 @@ for nothing but that script's location. So everything is written inside the proj
 
 * ``<Project>/LaTrainer/site-packages/``: la-trainer (its ``protocol`` and ``trainer`` packages, copied
   from this installation) and its small dependencies (msgpack, click, posix_ipc on POSIX), installed with
-  ``<engine python> -m pip install --no-deps --target``: the engine's torch and numpy are used as they are
-  and never touched. The engine deletes and rebuilds ``PipInstall`` when its Python changes; this folder
+  ``<engine python> -m pip install --no-deps --target`` at the versions CI tests (:data:`ENGINE_PINS`, equal
+  to ``constraints.txt``): the engine's torch and numpy are used as they are and never touched. The engine deletes and rebuilds ``PipInstall`` when its Python changes; this folder
   is not inside it.
 * ``<Project>/LaTrainer/Engine/Plugins/Experimental/LearningCore/Content/Python/train.py``: a shim that puts
   that folder on ``sys.path``, records where the engine's own ``train.py`` is (for the hand-over of other
   trainers, :mod:`trainer.handover`) and runs la-trainer's drop-in; if la-trainer cannot be imported (the
   engine's Python minor version changed, a file is missing) it says why and runs the engine's own script.
 * ``<Project>/LaTrainer/install.json``: what was installed where, with every file written (``--undo``
-  removes exactly those).
+  removes exactly those, and the bytecode that runs wrote beside them).
+
+Install and undo are transactions: the new state is built in a hidden sibling folder, then swapped in by
+renames (the old entries aside, the new ones in, the old ones deleted). Any failure undoes the renames
+done, so the previous installation stays whole, and ends with exit code 2 and the path that failed. An
+old entry that cannot be deleted after the swap (Windows: a running trainer's loaded ``.pyd``; a folder
+holding one can be renamed where its files cannot be deleted) stays in a hidden folder that the next run
+removes.
 
 The user then passes ``-LearningAgentsEnginePath="<Project>/LaTrainer/Engine"`` to the editor or game
 (every trainer of the project goes through la-trainer; other methods are handed to the engine's script),
@@ -29,28 +36,34 @@ process settings (only that call site; it is saved with the project and survives
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import click
 
 from trainer import __version__
 from trainer.errors import LaunchError
 from trainer.handover import DROPIN_MARKER
+from trainer.transport.atomic import replace_file
 
 __all__ = [
+    "ENGINE_PINS",
     "INSTALL_FOLDER",
     "Installation",
     "PipRunner",
     "engine_python",
+    "engine_requirements",
     "find_engine_dir",
     "install",
     "install_engine_command",
+    "leftovers",
     "uninstall",
 ]
 
@@ -65,6 +78,21 @@ DEPENDENCIES = ("msgpack", "click")
 POSIX_DEPENDENCIES = ("posix_ipc",)
 WINDOWS_DEPENDENCIES = ("colorama",)
 """click's own dependency on Windows (installed with --no-deps, so named here)."""
+ENGINE_PINS: dict[str, str] = {
+    "msgpack": "1.2.4",
+    "click": "8.5.1",
+    "posix_ipc": "1.3.2",
+    "colorama": "0.4.6",
+}
+"""The versions installed beside the engine's torch: those CI tests (``constraints.txt``; a test keeps the two
+equal). They are written here because a wheel of la-trainer carries this module but not constraints.txt."""
+OWNED = ("site-packages", "Engine", RECORD_NAME)
+"""The entries of ``<Project>/LaTrainer`` that install-engine writes, each replaced as a whole; anything
+else in that folder is the user's and is kept."""
+STAGING_PREFIX = ".install-engine-new-"
+"""Hidden folder beside the owned entries where the next state is built (same file system: renames)."""
+ASIDE_PREFIX = ".install-engine-old-"
+"""Hidden folder the replaced entries are renamed into before they are deleted."""
 PACKAGES = ("protocol", "trainer")
 """What the engine runs: the codecs and the trainer. The game-side emulator is not needed in an engine."""
 PROBE = (
@@ -83,6 +111,8 @@ PROBE = (
 
 PipRunner = Callable[[Path, Sequence[str], Path], None]
 """``(engine python, requirements, target folder)``: installs the requirements into the folder."""
+ProbeRunner = Callable[[Path, Path], dict[str, str]]
+"""``(engine python, site-packages)``: what that Python imports from there, by module (:data:`PROBE`)."""
 
 
 def engine_python(project: Path, *, platform: str | None = None) -> Path:
@@ -109,10 +139,20 @@ def find_engine_dir(project: Path) -> Path | None:
     return None
 
 
+def engine_requirements(platform: str | None = None) -> list[str]:
+    """What pip installs beside the engine's torch, pinned (``msgpack==1.2.4``, ...)."""
+    extra = POSIX_DEPENDENCIES if (platform or sys.platform) != "win32" else WINDOWS_DEPENDENCIES
+    return [f"{name}=={ENGINE_PINS[name]}" for name in (*DEPENDENCIES, *extra)]
+
+
 def pip_install(python: Path, requirements: Sequence[str], target: Path) -> None:
-    """The real :data:`PipRunner`: ``<python> -m pip install --no-deps --target <target> <requirements>``."""
-    command = [str(python), "-m", "pip", "install", "--no-deps", "--upgrade", "--target", str(target)]
-    done = subprocess.run([*command, *requirements], capture_output=True, text=True)
+    """The real :data:`PipRunner`: ``<python> -m pip install --no-deps --target <target> <requirements>``
+    (the target is a fresh staging folder: nothing to upgrade)."""
+    command = [str(python), "-m", "pip", "install", "--no-deps", "--target", str(target)]
+    try:
+        done = subprocess.run([*command, *requirements], capture_output=True, text=True)
+    except OSError as error:
+        raise LaunchError(f"the engine's Python {python} could not be started ({error})") from None
     if done.returncode != 0:
         raise LaunchError(
             f"pip could not install {' '.join(requirements)} with the engine's Python {python} "
@@ -197,9 +237,13 @@ if __name__ == "__main__":
 
 
 def _probe(python: Path, site_packages: Path) -> dict[str, str]:
-    done = subprocess.run(
-        [str(python), "-c", PROBE, str(site_packages)], capture_output=True, text=True, timeout=300
-    )
+    # -B: the probe leaves no bytecode of its own in the folder being installed.
+    try:
+        done = subprocess.run(
+            [str(python), "-B", "-c", PROBE, str(site_packages)], capture_output=True, text=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LaunchError(f"the engine's Python {python} could not be run ({error})") from None
     try:
         found = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -218,14 +262,143 @@ def _copy_packages(site_packages: Path) -> None:
         if origin is None:
             raise LaunchError(f"the package {name!r} of this installation has no files to copy")
         source = Path(origin).resolve().parent
-        destination = site_packages / name
-        if destination.exists():
-            shutil.rmtree(destination)
-        shutil.copytree(source, destination, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(source, site_packages / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def _listing(root: Path, folder: Path) -> list[str]:
     return sorted(str(p.relative_to(root).as_posix()) for p in folder.rglob("*") if p.is_file())
+
+
+def _is_bytecode(relative: str) -> bool:
+    """A file that Python writes beside what it imports (a run's ``__pycache__``), never one we install."""
+    path = PurePosixPath(relative)
+    return "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo")
+
+
+def _owned_files(root: Path) -> list[str]:
+    """Every file now in the owned entries of ``root``, relative to it."""
+    files: list[str] = []
+    for name in OWNED:
+        entry = root / name
+        if entry.is_dir():
+            files += _listing(root, entry)
+        elif entry.is_file():
+            files.append(name)
+    return files
+
+
+def _recorded_files(root: Path) -> set[str] | None:
+    """The files ``install.json`` lists, or None when there is no readable record."""
+    try:
+        record = json.loads((root / RECORD_NAME).read_text(encoding="utf-8"))
+        return {str(f) for f in record["files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _carry_over(root: Path, staging: Path, recorded: set[str] | None) -> None:
+    """Copy into ``staging`` the files of the owned entries that are the user's (neither listed in the
+    record nor bytecode), so that replacing an entry as a whole keeps them. Without a record every file
+    there is taken to be install-engine's: the entries' names are ours."""
+    if recorded is None:
+        return
+    for relative in _owned_files(root):
+        if relative in recorded or _is_bytecode(relative):
+            continue
+        target = staging / relative
+        if not target.exists():  # a file of the new installation wins over a user's file of that name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / relative, target)
+
+
+def _remove_quietly(path: Path) -> bool:
+    """Delete a folder we made; False if (part of) it stays, e.g. a ``.pyd`` a running trainer has loaded
+    on Windows. What stays is hidden and removed by the next run (:func:`_clean_leftovers`)."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def leftovers(project: Path) -> list[Path]:
+    """Hidden staging and aside folders that a run could not delete (or a killed run left)."""
+    root = project.resolve() / INSTALL_FOLDER
+    if not root.is_dir():
+        return []
+    return sorted(p for prefix in (STAGING_PREFIX, ASIDE_PREFIX) for p in root.glob(f"{prefix}*"))
+
+
+def _clean_leftovers(project: Path) -> None:
+    for path in leftovers(project):
+        _remove_quietly(path)
+
+
+def _cannot_write(root: Path, error: OSError) -> LaunchError:
+    where = error.filename or root
+    return LaunchError(
+        f"install-engine cannot write in {where} ({error.strerror or error}). The project folder must be "
+        f"writable by this user: make {root.parent} writable (it may be read-only, on a read-only share, or "
+        "owned by another account) and run again. The previous installation, if any, is unchanged."
+    )
+
+
+def _swap(root: Path, staging: Path) -> Path:
+    """Replace the owned entries of ``root`` by those in ``staging``; returns the folder holding the old ones.
+
+    Each step is a rename inside ``root`` (one file system: atomic). The record goes aside first and comes
+    in last, so a half-done swap never looks like an installation. On a failure the renames done are undone
+    in reverse order, leaving the previous installation whole, and a :class:`LaunchError` says what failed.
+    """
+    try:
+        aside = Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=root))
+    except OSError as error:
+        raise _cannot_write(root, error) from None
+    done: list[tuple[Path, Path]] = []
+    try:
+        for name in reversed(OWNED):
+            if os.path.lexists(root / name):
+                replace_file(root / name, aside / name)
+                done.append((root / name, aside / name))
+        for name in OWNED:
+            if os.path.lexists(staging / name):
+                replace_file(staging / name, root / name)
+                done.append((staging / name, root / name))
+    except OSError as error:
+        stuck: list[Path] = []
+        for source, target in reversed(done):
+            try:
+                replace_file(target, source)
+            except OSError:
+                stuck.append(source)
+        where = error.filename or root
+        if stuck:
+            raise LaunchError(
+                f"install-engine could not move {where} ({error.strerror or error}) nor put back "
+                f"{', '.join(str(p) for p in stuck)}: the previous installation's entries are in {aside}. "
+                f"Close the Unreal editor or game of this project, move them back into {root}, and run "
+                "install-engine again."
+            ) from None
+        _remove_quietly(aside)
+        raise LaunchError(
+            f"install-engine could not move {where} ({error.strerror or error}): a file in it is in use or "
+            "protected. Close the Unreal editor or game of this project (a running trainer keeps its files "
+            f"open; on Windows they cannot be moved or deleted while it runs), check that {root} is writable "
+            "by this user, and run again. The previous installation is unchanged."
+        ) from None
+    return aside
+
+
+def _replace_owned(root: Path, staging: Path) -> None:
+    """Swap ``staging`` in (keeping the user's files of the old entries), then delete what was replaced."""
+    try:
+        _carry_over(root, staging, _recorded_files(root))
+    except OSError as error:
+        raise _cannot_write(root, error) from None
+    aside = _swap(root, staging)
+    _remove_quietly(aside)
 
 
 def install(
@@ -234,9 +407,11 @@ def install(
     engine_dir: Path | None = None,
     python: Path | None = None,
     pip: PipRunner = pip_install,
+    probe: ProbeRunner | None = None,
     platform: str | None = None,
 ) -> Installation:
-    """Install into ``project`` (see the module docstring); a previous installation is replaced."""
+    """Install into ``project`` (see the module docstring); a previous installation is replaced, and stays
+    whole if anything fails (:class:`LaunchError`, exit code 2)."""
     project = project.resolve()
     if not project.is_dir():
         raise LaunchError(f"the project folder {project} does not exist")
@@ -260,53 +435,88 @@ def install(
             "install with the LearningCore plugin."
         )
     root = project / INSTALL_FOLDER
-    if (root / RECORD_NAME).is_file():
-        uninstall(project, quiet=True)
-    site_packages = root / "site-packages"
-    site_packages.mkdir(parents=True, exist_ok=True)
-    extra = POSIX_DEPENDENCIES if (platform or sys.platform) != "win32" else WINDOWS_DEPENDENCIES
-    pip(python, [*DEPENDENCIES, *extra], site_packages)
-    _copy_packages(site_packages)
-    engine_path = root / "Engine"
-    shim = engine_path.joinpath(*ENGINE_SCRIPT)
-    shim.parent.mkdir(parents=True, exist_ok=True)
-    shim.write_text(_shim_text(engine_train_py), encoding="utf-8")
-    versions = _probe(python, site_packages)
-    files = (*_listing(root, site_packages), *_listing(root, engine_path), RECORD_NAME)
-    done = Installation(
-        project, engine_dir, engine_train_py, python, engine_path, shim, site_packages, files, versions
-    )
-    (root / RECORD_NAME).write_text(json.dumps(done.record(), indent=1), encoding="utf-8")
+    _clean_leftovers(project)
+    try:
+        root.mkdir(exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
+    except OSError as error:
+        raise _cannot_write(root, error) from None
+    try:
+        try:
+            (staging / "site-packages").mkdir()
+        except OSError as error:
+            raise _cannot_write(root, error) from None
+        pip(python, engine_requirements(platform), staging / "site-packages")
+        try:
+            _copy_packages(staging / "site-packages")
+            shim = staging.joinpath("Engine", *ENGINE_SCRIPT)
+            shim.parent.mkdir(parents=True, exist_ok=True)
+            shim.write_text(_shim_text(engine_train_py), encoding="utf-8")
+        except OSError as error:
+            raise _cannot_write(root, error) from None
+        versions = (probe or _probe)(python, staging / "site-packages")
+        files = (
+            *_listing(staging, staging / "site-packages"),
+            *_listing(staging, staging / "Engine"),
+            RECORD_NAME,
+        )
+        engine_path = root / "Engine"
+        done = Installation(
+            project,
+            engine_dir,
+            engine_train_py,
+            python,
+            engine_path,
+            engine_path.joinpath(*ENGINE_SCRIPT),
+            root / "site-packages",
+            files,
+            versions,
+        )
+        try:
+            (staging / RECORD_NAME).write_text(json.dumps(done.record(), indent=1), encoding="utf-8")
+        except OSError as error:
+            raise _cannot_write(root, error) from None
+        _replace_owned(root, staging)
+    finally:
+        _remove_quietly(staging)
     return done
 
 
-def uninstall(project: Path, *, quiet: bool = False) -> list[Path]:
-    """Remove exactly the files ``install.json`` lists (then the folders left empty); returns them."""
+def uninstall(project: Path) -> list[Path]:
+    """Remove the files ``install.json`` lists and the bytecode runs wrote beside them, as one transaction
+    (anything else in ``LaTrainer`` stays; the folder goes when nothing is left). Returns what was removed."""
     root = project.resolve() / INSTALL_FOLDER
-    record_path = root / RECORD_NAME
+    recorded = _recorded_files(root)
+    if recorded is None:
+        raise LaunchError(
+            f"nothing to undo: {root / RECORD_NAME} is missing or unreadable (install-engine writes it; "
+            "without it nothing is removed)."
+        )
+    _clean_leftovers(project)
+    removed = [root / f for f in _owned_files(root) if f in recorded or _is_bytecode(f)]
     try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-        files = [str(f) for f in record["files"]]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        if quiet:
-            return []
-        raise LaunchError(f"nothing to undo: {record_path} is missing or unreadable ({error})") from None
-    removed: list[Path] = []
-    for name in files:
-        path = (root / name).resolve()
-        if root.resolve() not in path.parents:
-            continue  # a record edited to point outside LaTrainer is not followed
-        try:
-            path.unlink()
-            removed.append(path)
-        except FileNotFoundError:
-            continue
-    folders = sorted({p.parent for p in removed}, key=lambda p: len(p.parts), reverse=True)
-    for folder in folders:
-        while folder != root.parent and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-            folder = folder.parent
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
+    except OSError as error:
+        raise _cannot_write(root, error) from None
+    try:
+        _replace_owned(root, staging)
+    finally:
+        _remove_quietly(staging)
+    try:
+        root.rmdir()  # only when empty: the user's files and undeletable leftovers keep it
+    except OSError:
+        pass
     return removed
+
+
+def _leftover_lines(project: Path) -> list[str]:
+    stuck = leftovers(project)
+    if not stuck:
+        return []
+    return [
+        f"Could not delete yet: {', '.join(str(p) for p in stuck)} (a file in it is in use, e.g. by a running "
+        "trainer). Nothing uses it; the next install-engine run removes it, or delete it once the editor is closed."
+    ]
 
 
 def _report(done: Installation) -> list[str]:
@@ -314,8 +524,8 @@ def _report(done: Installation) -> list[str]:
     versions = ", ".join(f"{k} {v}" for k, v in done.versions.items())
     return [
         f"Installed la-trainer {__version__} for {done.project}:",
-        f"  {done.site_packages}  (la-trainer, msgpack, click; installed with --no-deps: the engine's "
-        "torch and numpy are used as they are)",
+        f"  {done.site_packages}  (la-trainer, msgpack, click at the versions CI tests; installed with "
+        "--no-deps: the engine's torch and numpy are used as they are)",
         f"  {done.shim}  (the train.py the engine will run; runs the engine's own {done.engine_train_py} for "
         "other trainers, and if la-trainer cannot start)",
         f"  {done.project / INSTALL_FOLDER / RECORD_NAME}  (what was written, for --undo)",
@@ -359,15 +569,18 @@ def install_engine_command(project: Path, engine_dir: Path | None, python: Path 
     if undo:
         removed = uninstall(project)
         click.echo(
-            f"Removed {len(removed)} files that la-trainer install-engine wrote under {project / INSTALL_FOLDER}."
+            f"Removed {len(removed)} files that la-trainer install-engine wrote (or runs compiled) under "
+            f"{project / INSTALL_FOLDER}."
         )
         click.echo(
             "Also remove -LearningAgentsEnginePath from the editor's command line, or set the call site's "
             "EditorEngineRelativePath/NonEditorEngineRelativePath back to the engine folder."
         )
+        for line in _leftover_lines(project):
+            click.echo(line)
         return
     done = install(project, engine_dir=engine_dir, python=python, pip=pip_install)
-    for line in _report(done):
+    for line in (*_report(done), *_leftover_lines(project)):
         click.echo(line)
     problems = [f"{k} ({v})" for k, v in done.versions.items() if v.startswith("missing")]
     if problems:
