@@ -37,7 +37,8 @@ def training_options(func: Any) -> Any:
             "--device",
             type=str,
             default=None,
-            help="cpu, cuda, cuda:N or gpu (cuda when present, else the CPU); default: the config's Device.",
+            help="cpu, cuda, cuda:N (refused when not there) or gpu (cuda when present, else the CPU); "
+            "default: the config's Device.",
         ),
         click.option(
             "--sync-every-iterations",
