@@ -46,8 +46,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class RecordingPip:
-    """pip --target's footprint: per requirement a package folder (its ``__init__`` says which install
-    wrote it: ``tag``) and a dist-info folder."""
+    """pip --target's footprint: per requirement a dist-info folder (which also says which install wrote
+    it: ``tag``). No package folder: the real msgpack and posix_ipc must stay importable."""
 
     def __init__(self, tag: str = "first") -> None:
         self.calls: list[tuple[Path, list[str], Path]] = []
@@ -59,8 +59,7 @@ class RecordingPip:
             name, _, version = requirement.partition("==")
             (target / f"{name}-{version}.dist-info").mkdir(parents=True, exist_ok=True)
             (target / f"{name}-{version}.dist-info" / "RECORD").write_text("")
-            (target / name).mkdir(exist_ok=True)
-            (target / name / "__init__.py").write_text(f"INSTALLED_BY = {self.tag!r}\n")
+            (target / f"{name}-{version}.dist-info" / "INSTALLED_BY").write_text(self.tag)
 
 
 def fake_probe(python: Path, site_packages: Path) -> dict[str, str]:
@@ -239,7 +238,7 @@ def test_a_reinstall_keeps_the_users_files_in_the_installed_folders(tmp_path: Pa
     )
     assert (root / "site-packages" / "my_helper.py").read_text() == "mine"
     assert not (root / "site-packages" / "trainer" / "__pycache__").exists()  # stale bytecode goes
-    assert "second" in (root / "site-packages" / "click" / "__init__.py").read_text()
+    assert (root / "site-packages" / "click-8.5.1.dist-info" / "INSTALLED_BY").read_text() == "second"
 
 
 def _rename_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, action: str) -> int:
@@ -357,7 +356,7 @@ def test_an_old_file_that_cannot_be_deleted_does_not_break_the_swap(
         if p.is_file()
     }
     assert owned | {"install.json"} == set(record["files"])
-    assert "second" in (root / "site-packages" / "msgpack" / "__init__.py").read_text()
+    assert (root / "site-packages" / "msgpack-1.2.4.dist-info" / "INSTALLED_BY").read_text() == "second"
     # The next run, with the file released, removes the leftover.
     result = CliRunner().invoke(main, ["install-engine", str(project), "--undo"])
     assert result.exit_code == 0, result.output
