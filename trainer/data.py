@@ -139,12 +139,17 @@ class TrainingData:
         return self.targets[:, : self.action_width]
 
     @classmethod
-    def from_replay(cls, replay: ReplayBuffer, chunk_size: int) -> TrainingData:
+    def from_replay(
+        cls, replay: ReplayBuffer, chunk_size: int, episodes: npt.ArrayLike | None = None
+    ) -> TrainingData:
         """The boundary from the engine's recording to training data, and the one place it is checked:
         episode starts and lengths (:func:`protocol.replay.validate_episodes`), then every float stream
         finite (:func:`protocol.replay.check_finite`, rows outside any episode included: a recording
         holding NaN or Inf is broken, whichever rows training would read). Flow matching trains on
         observation and action stream 0.
+
+        ``episodes``: indices into the episode arrays to take (the held-out split, :mod:`trainer.heldout`);
+        None: every episode. The whole buffer is checked either way.
 
         Raises :class:`ReplayError` for inconsistent episodes, and :class:`BadData` (exit code
         BAD_DATA) when a float holds NaN/Inf or no episode has a step.
@@ -154,7 +159,11 @@ class TrainingData:
         if problems:
             raise BadData("the replay buffer holds non-finite values: " + "; ".join(problems))
         observations, actions = replay.observations[0], replay.actions[0]
-        chunks = build_action_chunks(replay.episode_starts, replay.episode_lengths, actions, chunk_size)
+        starts, lengths = replay.episode_starts, replay.episode_lengths
+        if episodes is not None:
+            chosen = np.asarray(episodes, dtype=np.int64).reshape(-1)
+            starts, lengths = starts[chosen], lengths[chosen]
+        chunks = build_action_chunks(starts, lengths, actions, chunk_size)
         if chunks.rows.size == 0:
             raise BadData("the replay buffer has no episode with at least one step: nothing to train on.")
         obs = np.ascontiguousarray(observations[chunks.rows], dtype=np.float32)

@@ -32,6 +32,7 @@ from trainer.checkpoint import (
 from trainer.data import TensorData, TrainingData
 from trainer.errors import BadData
 from trainer.flow import TimeDistribution
+from trainer.heldout import DEFAULT_ODE_STEPS, HeldOutEvaluator, split_episodes
 from trainer.model import FlowModel, ModelSettings
 from trainer.options import TrainerOptions
 from trainer.progress import log
@@ -81,6 +82,9 @@ class TrainingJob:
     checkpoint_iteration: int = -1
     """Iteration of the newest checkpoint this job wrote or resumed from (−1: none)."""
     checkpoint_clock: float = field(default_factory=time.monotonic)
+    heldout: HeldOutEvaluator | None = None
+    """The held-out measurements (:mod:`trainer.heldout`); None: nothing held out, or a scale-out rank
+    other than 0."""
 
     @classmethod
     def create(
@@ -104,7 +108,14 @@ class TrainingJob:
         torch.manual_seed(training.seed)
         generator = torch.Generator(device=device)
         generator.manual_seed(training.seed)
-        data = TrainingData.from_replay(replay, config.action_chunk_size)
+        # Held-out episodes (trainer.heldout): with the option off or too few episodes the split holds
+        # nothing out and the training data is built exactly as without it.
+        split = split_episodes(
+            replay.episode_lengths, options.heldout_share, options.heldout_min_episodes, training.seed
+        )
+        data = TrainingData.from_replay(
+            replay, config.action_chunk_size, split.train if split.active else None
+        )
         settings = ModelSettings.from_session(
             config,
             ema_decay=options.ema_decay,
@@ -160,6 +171,28 @@ class TrainingJob:
                     f"{RECOMMENDED_ITERATIONS} that measured close to many-step quality (docs/distillation.md); "
                     "raise IterationNum or distill_fraction for better few-step behaviour."
                 )
+        heldout = None
+        if split.active:
+            heldout = HeldOutEvaluator.build(
+                model,
+                TrainingData.from_replay(replay, config.action_chunk_size, split.heldout),
+                episodes=int(split.heldout.size),
+                time_distribution=time_distribution,
+                seed=training.seed,
+                steps=options.ode_steps or DEFAULT_ODE_STEPS,
+                device=device,
+            )
+            log(
+                f"la-trainer: held out {split.heldout.size} of {split.heldout.size + split.train.size} episodes "
+                f"({heldout.rows} rows) to measure imitation quality on, every "
+                f"{options.heldout_every_iterations or total} iterations at {heldout.steps} Euler steps "
+                "(option heldout_share; trainer/heldout.py)"
+            )
+        elif options.heldout_share > 0:
+            log(
+                f"la-trainer: nothing held out: {int((replay.episode_lengths > 0).sum())} episodes, fewer than "
+                f"heldout_min_episodes ({options.heldout_min_episodes}); training on every episode"
+            )
         job = cls(
             config=config,
             options=options,
@@ -175,6 +208,7 @@ class TrainingJob:
             distill_start=distill_start,
             checkpoint_dir=checkpoint_dir,
             fingerprint=Fingerprint.of(config, received, replay, ema_decay=options.ema_decay),
+            heldout=heldout,
         )
         if checkpoint_dir is not None:
             for stale in remove_stale_temp_files(checkpoint_dir):

@@ -242,6 +242,23 @@ class TrainerOptions:
     """Log to MLflow at this tracking URI ("default": MLflow's own default); the engine's ``UseMLflow`` and
     ``MLflowTrackingUri`` switch it on too (this URI wins when both are given)."""
 
+    heldout_share: float = _option(
+        0.0, "a number from 0 (no hold-out) up to 0.5", lambda v: 0 <= v <= 0.5
+    )
+    """Share of the recorded episodes held out of training to measure imitation quality on
+    (trainer/heldout.py; whole episodes, chosen by the config's Seed; 0: off)."""
+    heldout_min_episodes: int = _option(
+        50, "a whole number >= 2 (recordings with fewer episodes hold nothing out)", _at_least(2)
+    )
+    """Recordings with fewer episodes than this train on every episode: nothing is held out."""
+    heldout_every_iterations: int = _option(
+        1000, "a whole number >= 0 (0: only at the end of the run)", _at_least(0)
+    )
+    """Measure the held-out metrics every N iterations (and at the end)."""
+    heldout_send_best: bool = _option(False, "true or false")
+    """At the end, send the networks of the evaluation with the best held-out energy score instead of the
+    last ones."""
+
     def __post_init__(self) -> None:
         for f in fields(self):
             _validate(f.name, getattr(self, f.name), "TrainerOptions")

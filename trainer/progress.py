@@ -199,6 +199,8 @@ class ProgressReporter:
         """The newest (iteration, loss) seen by :meth:`update`, written with the next status (every call
         stores it; only a due line writes the file)."""
         self._warned = False
+        self.note = ""
+        """A short extra for the progress line (the latest held-out numbers, :mod:`trainer.heldout`)."""
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
         if status_path is not None and heartbeat_s > 0:
@@ -282,9 +284,10 @@ class ProgressReporter:
                 self.stream.write("\n")
             self.stream.flush()
         else:
+            note = f" | {self.note}" if self.note else ""
             log(
                 f"{self.label}: iteration {iteration}/{self.total} ({pct:.1f}%) loss {loss:.5f} "
-                f"{self._rate:,.0f} it/s eta {format_duration(remaining)} syncs {self.syncs}",
+                f"{self._rate:,.0f} it/s eta {format_duration(remaining)} syncs {self.syncs}{note}",
                 self.stream,
             )
         self._set(

@@ -29,6 +29,7 @@ from trainer import __version__
 from trainer.errors import BadData, Diverged, LaunchError, PeerGone, Unsupported, WaitTimeout
 from trainer.exitcodes import ExitCode
 from trainer.handover import FLOW_MATCHING, socket_refusal
+from trainer.heldout import HeldOutRound
 from trainer.options import TrainerOptions
 from trainer.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase, log
 from trainer.runrecord import RunLog, run_name, task_name_of
@@ -369,6 +370,7 @@ def _story(
     every_iterations = options.sync_every_iterations
     every_seconds = options.sync_every_seconds
     snapshot_every = config.trainer.training.iterations_per_snapshot
+    heldout = HeldOutRound(job, runlog, reporter)
 
     # 5. Train: step, report, sync, snapshot; stop when asked.
     end = LoopEnd.DONE
@@ -387,6 +389,8 @@ def _story(
             reporter.update(iteration, loss)
             if iteration % TRACK_EVERY == 0:
                 runlog.point(iteration, _phase_key(job), loss, _learning_rate(job), sync.rounds)
+            if heldout.due(iteration):
+                heldout.measure(iteration)
             now = time.monotonic()
             due = (every_iterations > 0 and iteration % every_iterations == 0) or (
                 every_seconds > 0 and now - last_sync >= every_seconds
@@ -416,9 +420,10 @@ def _story(
             runlog.point(iteration, _phase_key(job), job.smoothed_loss, _learning_rate(job), sync.rounds)
 
     # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
+    heldout.at_end(iteration, diverged=end is LoopEnd.DIVERGED)
     reporter.update(iteration, job.smoothed_loss, force=True)
     reporter.phase(RunPhase.FINISHING)
-    final = encode_networks(received, job.export())
+    final = encode_networks(received, heldout.final_networks(job.export()))
     kept = runlog.networks(final)
     if end is LoopEnd.STOPPED:
         # Spec §2.4: after a Stop the engine tears its side down at once; exit cleanly without sending.

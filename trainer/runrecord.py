@@ -195,6 +195,17 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float (nested in dicts and lists too) replaced by None."""
+    if isinstance(value, float):
+        return _finite_or_none(value)
+    if isinstance(value, Mapping):
+        return {key: _finite_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_json(item) for item in value]
+    return value
+
+
 def _iso(stamp: float) -> str:
     return datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="seconds")
 
@@ -264,6 +275,19 @@ class RunRecord:
                 self._metrics = (self.folder / METRICS_FILE).open("a", encoding="utf-8")
             row = {k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in asdict(point).items()}
             self._metrics.write(json.dumps(row) + "\n")
+            self._metrics.flush()
+        except OSError as error:
+            self._give_up(error)
+
+    def line(self, row: Mapping[str, Any]) -> None:
+        """Append another kind of line to ``metrics.jsonl`` (a held-out measurement: ``{"iteration": N,
+        "heldout": {...}}``, :mod:`trainer.heldout`); non-finite numbers become null."""
+        if self._failed:
+            return
+        try:
+            if self._metrics is None:
+                self._metrics = (self.folder / METRICS_FILE).open("a", encoding="utf-8")
+            self._metrics.write(json.dumps(_finite_json(row)) + "\n")
             self._metrics.flush()
         except OSError as error:
             self._give_up(error)
@@ -416,6 +440,16 @@ class RunLog:
             self.record.metrics(point)
         if self.trackers is not None:
             self.trackers.scalars(iteration, point.tracker_values())
+
+    def heldout(
+        self, iteration: int, record: Mapping[str, Any], scalars: Mapping[str, float], *, best: bool
+    ) -> None:
+        """One held-out measurement (:mod:`trainer.heldout`): a ``{"iteration", "heldout", "best"}`` line
+        in ``metrics.jsonl`` (``best``: the best energy score so far) and ``scalars`` to the trackers."""
+        if self.record is not None:
+            self.record.line({"iteration": iteration, "heldout": dict(record), "best": best})
+        if self.trackers is not None:
+            self.trackers.scalars(iteration, scalars)
 
     def networks(self, blobs: Mapping[int, bytes]) -> list[Path]:
         """Keep the final networks in the record (and hand them to the trackers as artefacts)."""

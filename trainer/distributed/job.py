@@ -311,8 +311,13 @@ def scale_out_job(job: TrainingJob, ctx: RankContext) -> DistributedTrainingJob:
     job.generator.manual_seed(derive_seed(training.seed, start, 1 + env.rank))
     sampler = ShardSampler(job.tensors, training.batch_size, env.rank, env.world_size, index_generator)
     values = {f.name: getattr(job, f.name) for f in fields(job) if f.init}
+    # Held-out measurements (trainer.heldout) on rank 0 only: every rank holds the same split (seeded by
+    # the config), the others would only repeat rank 0's numbers. They read the weights, never the
+    # training stream, so the ranks stay in step; the others wait in their next collective meanwhile.
+    heldout = job.heldout if env.leader else None
     scaled = DistributedTrainingJob(
-        **{**values, "sampler": sampler, "gradient_averaging": averaging}, rank_context=ctx
+        **{**values, "sampler": sampler, "gradient_averaging": averaging, "heldout": heldout},
+        rank_context=ctx,
     )
     for f in fields(job):
         if not f.init:
