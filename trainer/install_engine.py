@@ -217,15 +217,19 @@ if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == HERE:
 else:
     sys.path.insert(0, str(SITE_PACKAGES))
 
+# A missing torch, numpy, msgpack or posix_ipc is handled by la-trainer itself (trainer.dropin): other
+# trainers go to the engine's script, a FlowMatching run ends with one line naming what is missing. Only
+# when la-trainer's own package cannot be imported does this file run the engine's script for every run.
 try:
     from trainer.dropin import main
 except Exception as error:  # la-trainer cannot run on this Python: the engine's trainer still can
-    print(
+    message = (
         f"la-trainer: cannot start ({{type(error).__name__}}: {{error}}); running the engine's own "
-        f"train.py instead. Run `la-trainer install-engine` again for this project (the engine's Python "
-        f"may have changed).",
-        flush=True,
+        f"train.py instead (FlowMatching runs need la-trainer). Run `la-trainer install-engine` again "
+        f"for this project (the engine's Python may have changed)."
     )
+    # ASCII whatever the pipe's encoding: a path in the error must not end this process instead.
+    print(message.encode("ascii", "backslashreplace").decode("ascii"), flush=True)
     command = [sys.executable, str(ENGINE_TRAIN_PY), *sys.argv[1:]]
     if sys.platform == "win32":
         sys.exit(subprocess.call(command, stdin=subprocess.DEVNULL, stdout=1, stderr=2))
@@ -534,7 +538,9 @@ def _report(done: Installation) -> list[str]:
         f"  - add {switch} to the editor's (or game's) command line: every trainer of this project then",
         "    starts la-trainer, which hands BehaviorCloning and PPO runs to the engine's own train.py; or",
         "  - set EditorEngineRelativePath (NonEditorEngineRelativePath in a packaged game) in the process",
-        f"    settings of the flow-matching call site to {done.engine_path} (only that call site).",
+        f"    settings of the flow-matching call site to {done.engine_path} (only that call site). Type",
+        "    that absolute path into the field: the folder picker stores a path relative to the editor's",
+        "    executable, which points elsewhere once the project is opened by an engine in another folder.",
         f"To undo: la-trainer install-engine {done.project} --undo, and remove that switch or setting.",
     ]
 

@@ -458,6 +458,7 @@ def test_the_command_prints_what_it_did_and_how_to_undo(
     assert result.exit_code == 0, result.output
     assert f'-LearningAgentsEnginePath="{project / INSTALL_FOLDER / "Engine"}"' in result.output
     assert "EditorEngineRelativePath" in result.output and "--undo" in result.output
+    assert "absolute path" in result.output and "folder picker" in result.output
     assert result.output.isascii()
     undone = CliRunner().invoke(install_engine_command, [str(project), "--undo"])
     assert undone.exit_code == 0 and "-LearningAgentsEnginePath" in undone.output
