@@ -1,6 +1,6 @@
 """Few-step distillation benchmark: quality at N = 1, 2, 4, 8 Euler steps with and without distillation.
 
-For each task (B1 bimodal, B2 avoid; ``shared/benchmarks.md``) and seed this script trains the networks
+For each task (B1 bimodal, B2 avoid; ``docs/benchmarks.md``) and seed this script trains the networks
 the engine would send with the trainer's own :class:`trainer.job.TrainingJob` (same code as the
 trainer process, stepped in this process so that one flow-matching run can be shared):
 
@@ -67,7 +67,7 @@ _POLICY_NOISE_STREAM = 0xD157_0000
 
 @dataclass(frozen=True, slots=True)
 class TaskSetup:
-    """One task's training and evaluation sizes (``shared/benchmarks.md``)."""
+    """One task's training and evaluation sizes (``docs/benchmarks.md``)."""
 
     name: str
     demo_size: int

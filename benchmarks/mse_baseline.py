@@ -1,4 +1,4 @@
-"""The same-network MSE regression baseline of the quality benchmark (``shared/benchmarks.md``).
+"""The same-network MSE regression baseline of the quality benchmark (``docs/benchmarks.md``).
 
 What it is: the denoiser's MLP (``HiddenLayerNum + 2`` Linear layers of width ``HiddenLayerSize`` with the
 activation between them, engine KaimingUniform init from :mod:`protocol.engine.networks`) trained in

@@ -1,6 +1,6 @@
 """The quality benchmark: flow-matching policies trained by the REAL trainer process, scored the engine's way.
 
-For every task (``shared/benchmarks.md`` B1 bimodal, B2 six-path avoid, B3 pendulum swing-up), seed and
+For every task (``docs/benchmarks.md`` B1 bimodal, B2 six-path avoid, B3 pendulum swing-up), seed and
 row of the plan, the benchmark
 
 1. builds the task's demonstrations and the three initial networks as the engine does, spawns

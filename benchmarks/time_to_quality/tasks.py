@@ -1,6 +1,6 @@
 """The tasks of the time-to-quality benchmark, their targets, and their evaluation through the engine path.
 
-B1-B3 are ``shared/benchmarks.md``'s tasks with the issue's network (HiddenLayerNum 1 x 128, ELU),
+B1-B3 are ``docs/benchmarks.md``'s tasks with the issue's network (HiddenLayerNum 1 x 128, ELU),
 batch 256 and targets at 8 Euler steps; ``demo`` is the demo's plan (HiddenLayerNum 2 x 256, B2 with
 chunks 8/4); B4 (:mod:`emulator.tasks.sensors`) is B3 seen through an Encoding observation, with its flat
 twin ``b4flat`` (the same vector as one Continuous leaf) as the score a trained encoder should reach.

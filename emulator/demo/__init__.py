@@ -3,7 +3,7 @@
 The story, in execution order (:func:`run_demo` in :mod:`emulator.demo.run`):
 
 1. **Record** (:func:`record_demonstrations`): the scripted expert of benchmark B2 ("avoid", six path
-   modes, ``shared/benchmarks.md``) plays 200 episodes; they become the engine's replay buffer, one
+   modes, ``docs/benchmarks.md``) plays 200 episodes; they become the engine's replay buffer, one
    episode per record (spec §5.3).
 2. **Train** (:func:`train_over_shared_memory`, :mod:`emulator.demo.training`): the emulated engine
    builds its three flow-matching networks (spec §6.3), creates the controls block and regions, writes the

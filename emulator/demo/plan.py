@@ -16,7 +16,7 @@ DEFAULT_TIME_LIMIT_S = 110.0
 """Whole-demo wall-clock target: under the two minutes the issue promises, with some slack."""
 EVALUATION_SEED = 0
 """Fixed evaluation seed (start positions and policy noise), independent of ``--seed``, so runs with
-different training seeds are scored on the same episodes (``shared/benchmarks.md``: fixed seeds)."""
+different training seeds are scored on the same episodes (``docs/benchmarks.md``: fixed seeds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class DemoPlan:
     learning_rate: float = 1e-3
     chunk_size: int = 8
     """ActionChunkSize: the policy predicts this many consecutive actions per call. 8 predicted / 4
-    executed gave the prototype's best B2 entropy (0.95, ``shared/benchmarks.md``)."""
+    executed gave the prototype's best B2 entropy (0.95, ``docs/benchmarks.md``)."""
     execute: int = 4
     """Steps of each predicted chunk the game executes before asking again."""
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
@@ -72,7 +72,7 @@ class DemoPlan:
     def describe(self) -> dict[str, object]:
         """The settings table of the report."""
         return {
-            "task": 'B2 "avoid": 2-D point agent, three discs, six routes (shared/benchmarks.md)',
+            "task": 'B2 "avoid": 2-D point agent, three discs, six routes (docs/benchmarks.md)',
             "demonstrations": f"{self.demo_num} expert episodes (seed {self.seed})",
             "transport": "shared memory, trainer spawned with the engine's command line (trainer/dropin/train.py)",
             "IterationNum": self.iterations,

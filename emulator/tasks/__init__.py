@@ -1,4 +1,4 @@
-"""Benchmark tasks B1-B3 (``shared/benchmarks.md``) and B4 (``sensors``: B3 through an Encoding
+"""Benchmark tasks B1-B3 (``docs/benchmarks.md``) and B4 (``sensors``: B3 through an Encoding
 observation): data, scripted experts, metrics, closed-loop worlds.
 
 Each task module (``bimodal``, ``avoid``, ``pendulum``, ``sensors``) exposes:

@@ -1,4 +1,4 @@
-"""B2: closed-loop 2-D "avoid" with 6 path modes (D3IL-Avoiding in numpy, ``shared/benchmarks.md`` B2).
+"""B2: closed-loop 2-D "avoid" with 6 path modes (D3IL-Avoiding in numpy, ``docs/benchmarks.md`` B2).
 
 World: a point agent starts at (U[-0.05, 0.05], 0) and must reach y >= 1.0 within 60 steps without touching
 an obstacle: disc (0, 0.35) r 0.12, discs (±0.22, 0.70) r 0.10. Observation = (x, y). Action = velocity

@@ -1,4 +1,4 @@
-"""B1: conditional bimodal actions, open loop (``shared/benchmarks.md`` B1).
+"""B1: conditional bimodal actions, open loop (``docs/benchmarks.md`` B1).
 
 Observation o ~ U[-1, 1]²; θ = π·o₀; mode s ∈ {+1, -1} with p = ½; action a = s·(cos θ, sin θ) +
 0.05·N(0, I). The conditional mean is 0, never a valid action: the classic MSE failure.

@@ -1,4 +1,4 @@
-"""B3: pendulum swing-up, a unimodal precision-control no-regression check (``shared/benchmarks.md`` B3).
+"""B3: pendulum swing-up, a unimodal precision-control no-regression check (``docs/benchmarks.md`` B3).
 
 Gymnasium Pendulum-v1 dynamics in numpy: g = 10, m = l = 1, dt = 0.05, torque clipped to ±2, speed
 clipped to ±8, 200 steps; θ = 0 is upright; cost θ² + 0.1ω² + 0.001u² with θ wrapped to [-π, π), reward

@@ -1,4 +1,4 @@
-"""Benchmark tasks B1-B4 (shared/benchmarks.md; B4 = B3 through an Encoding): schemas, demonstrations,
+"""Benchmark tasks B1-B4 (docs/benchmarks.md; B4 = B3 through an Encoding): schemas, demonstrations,
 experts, metrics, worlds."""
 
 from __future__ import annotations
