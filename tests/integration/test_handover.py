@@ -256,3 +256,100 @@ def test_la_trainer_copied_over_the_engine_script_is_refused_not_looped(
         game.close()
     assert code == ExitCode.UNSUPPORTED, output
     assert "'PPO'" in output and "la-trainer itself" in output and "Traceback" not in output
+
+
+BLOCKER = r"""
+import os, sys
+
+_BLOCKED = {m for m in os.environ.get("BLOCKED_MODULES", "").split(",") if m}
+
+
+class _Blocker:
+    # The engine's Python without these modules (a changed engine Python, a half install); the engine's
+    # own script (started by the hand-over, which marks its environment) sees them again.
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in _BLOCKED:
+            raise ImportError(f"No module named {name!r} (blocked by the test)")
+        return None
+
+
+if _BLOCKED and not os.environ.get("LA_TRAINER_HANDED_OVER"):
+    sys.meta_path.insert(0, _Blocker())
+"""
+
+
+def _installed_shim(tmp_path: Path, layout: EngineLayout) -> Path:
+    """The shim install-engine writes, at its place in a project; la-trainer is found through the
+    checkout on PYTHONPATH (the project's site-packages is empty)."""
+    from trainer.install_engine import ENGINE_SCRIPT, INSTALL_FOLDER, _shim_text
+
+    shim = layout.project_dir.joinpath(INSTALL_FOLDER, "Engine", *ENGINE_SCRIPT)
+    shim.parent.mkdir(parents=True)
+    shim.write_text(_shim_text(layout.engine_train_py), encoding="utf-8")
+    return shim
+
+
+def _blocked_env(tmp_path: Path, modules: str) -> dict[str, str]:
+    from emulator.launch import REPO_ROOT
+
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
+    path = os.pathsep.join([str(blocker), str(REPO_ROOT)])
+    return {**_env(tmp_path), "BLOCKED_MODULES": modules, "PYTHONPATH": path}
+
+
+MISSING = "torch,msgpack,posix_ipc"
+
+
+def test_a_half_install_still_hands_other_methods_to_the_engine_script(
+    layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    """torch, msgpack and posix_ipc cannot be loaded: a BehaviorCloning run still reaches the engine's
+    script through the installed shim (it used to end with exit 1 and an ImportError traceback)."""
+    shim = _installed_shim(tmp_path, layout)
+    config, snapshots = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
+    task_dir = make_task_dir(layout.intermediate_dir)
+    game = ShmGame.create(task_dir / "Configs", timeout=EXIT_BOUND_S)
+    argv = shared_memory_command(layout, "Training", task_dir, game.controls_guid, script=shim)
+    proc = TrainerProcess(argv, cwd=layout.root, env=_blocked_env(tmp_path, MISSING))
+    try:
+        game.process_alive = proc.alive
+        game.begin(config, before_signal=_method("BehaviorCloning"))
+        game.send_network(0, snapshots[0])
+        code = proc.wait(EXIT_BOUND_S)
+        output = proc.output()
+    finally:
+        proc.close()
+        game.close()
+    assert code == 0, output
+    seen = json.loads((tmp_path / "stand-in.json").read_text())
+    assert seen["method"] == "BehaviorCloning" and seen["network_0_taken"] is True
+    assert seen["controls_found"][3] == 1  # the config reached it unacknowledged
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize("modules", ["torch", "msgpack", "posix_ipc"])
+def test_a_flow_matching_run_of_a_half_install_ends_with_one_line_naming_what_is_missing(
+    modules: str, layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    shim = _installed_shim(tmp_path, layout)
+    config, _ = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
+    task_dir = make_task_dir(layout.intermediate_dir)
+    game = ShmGame.create(task_dir / "Configs", timeout=EXIT_BOUND_S)
+    argv = shared_memory_command(layout, "Training", task_dir, game.controls_guid, script=shim)
+    proc = TrainerProcess(argv, cwd=layout.root, env=_blocked_env(tmp_path, modules))
+    try:
+        game.process_alive = proc.alive
+        game.begin(config)
+        code = proc.wait(EXIT_BOUND_S)
+        output = proc.output()
+    finally:
+        proc.close()
+        game.close()
+    assert code == ExitCode.USAGE, output
+    lines = [line for line in output.splitlines() if line.startswith("la-trainer:")]
+    assert len(lines) == 1, output
+    assert modules in lines[0] and "la-trainer install-engine" in lines[0], output
+    assert "Traceback" not in output and lines[0].isascii()
+    assert not (tmp_path / "stand-in.json").exists()  # a FlowMatching run is never handed over

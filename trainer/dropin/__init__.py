@@ -10,6 +10,11 @@ a small shim, ``scripts/train.py`` is a thin shim over it in a checkout), and :f
 * otherwise the ordinary trainer (:func:`trainer.app.engine_main`), which hands runs it does not train
   to the engine's own ``train.py`` (:mod:`trainer.handover`).
 
+Before scale-out, and when this Python cannot load what FlowMatching needs (a half install),
+:func:`decide_before_training` settles what it can first: bad launch inputs end with their documented exit
+code (not torchrun's 1), other methods are handed over from this process, a FlowMatching run that cannot
+train says what is missing and how to fix it.
+
 The checks read the environment only: torch is imported after the link is open (spec §2.4).
 """
 
@@ -20,11 +25,16 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocol.argv import LaunchArgs
 
 __all__ = [
     "ENV_ENGINE_PID",
     "ENV_NPROC",
     "ENV_TORCHRUN_ARGS",
+    "decide_before_training",
     "main",
     "reexec_under_torchrun",
     "scale_out_requested",
@@ -95,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         nproc = _nproc(os.environ)
         if nproc is None:
             return 2  # ExitCode.USAGE, said on stderr (trainer.exitcodes is not imported this early)
+        decided = decide_before_training(args, nproc)
+        if decided is not None:
+            return decided
         if nproc > 1:
             return reexec_under_torchrun(args, nproc)
     if scale_out_requested(os.environ):
@@ -119,3 +132,146 @@ def _nproc(environ: Mapping[str, str]) -> int | None:
         )
         return None
     return int(raw)
+
+
+def _say(text: str) -> None:
+    """One line on stderr, ASCII whatever the pipe's encoding (the engine decodes UTF-8; a Windows pipe
+    would be written in the ANSI code page): what cannot be shown is escaped, never raised."""
+    try:
+        sys.stderr.write(text.encode("ascii", "backslashreplace").decode("ascii") + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # no reader left
+
+
+def decide_before_training(argv: Sequence[str], nproc: int) -> int | None:
+    """What the drop-in settles before the trainer proper runs; an exit code, or None to go on.
+
+    With everything FlowMatching needs at hand and one process, nothing: the trainer decides through its
+    link. Otherwise (a half install, :func:`trainer.dropin.method.missing_requirements`; or scale-out,
+    ``nproc`` > 1, where the ranks' exit codes would come out of torchrun as 1):
+
+    * the command line, the task folder, the control block and the settings are checked here, each
+      failure one line and its documented exit code (scale-out: before torchrun starts);
+    * a spawned shared-memory run waits for its config file and a method other than FlowMatching goes to
+      the engine's own ``train.py`` from this process (never through torchrun); a socket run whose ``-m``
+      is not la-trainer's goes there at once;
+    * a FlowMatching run that cannot load what it needs ends with one line naming it and the fix.
+    """
+    from trainer.dropin.method import missing_requirements
+
+    missing = missing_requirements()
+    if not missing and nproc == 1:
+        return None
+    from protocol.argv import SharedMemoryArgs, SocketArgs, parse_launch_argv
+    from protocol.errors import ArgvError
+    from trainer.exitcodes import ExitCode
+    from trainer.handover import FLOW_MATCHING, socket_hands_over
+
+    try:
+        launch = parse_launch_argv(list(argv))
+    except ArgvError as error:
+        _say(f"la-trainer: bad command line: {error}")
+        return int(ExitCode.USAGE)
+    mode = launch.mode
+    if isinstance(mode, SocketArgs) and socket_hands_over(launch.trainer_module):
+        return _hand_over_early(launch.nne_cpu_path, argv, f"-m {launch.trainer_module}")
+    refused = _check_launch_inputs(launch)
+    if refused is not None:
+        return refused
+    if isinstance(mode, SharedMemoryArgs) and not mode.create_mem and mode.controls_guid:
+        from trainer.dropin.method import engine_watch, wait_for_method
+
+        method = wait_for_method(Path(mode.task_dir) / "Configs", engine_alive=engine_watch())
+        if method is None:
+            _say("la-trainer: the engine went away before it posted the training config.")
+            return int(ExitCode.PEER_GONE)
+        if method != FLOW_MATCHING:
+            return _hand_over_early(launch.nne_cpu_path, argv, f"TrainerMethod is {method!r}")
+    if missing:
+        _say(
+            f"la-trainer: this run cannot train: the engine's Python ({sys.executable}) cannot load "
+            f"{'; '.join(missing)}, which la-trainer needs for FlowMatching. Fix: run `la-trainer "
+            "install-engine <Project>` again (it installs la-trainer's own dependencies for this Python; "
+            "torch and numpy come from the engine's PythonMLPackages plugin: open the project in the editor "
+            "once if they are missing). Other trainers (BehaviorCloning, PPO) are not affected."
+        )
+        return int(ExitCode.USAGE)
+    return None
+
+
+def _hand_over_early(nne_cpu_path: str | None, argv: Sequence[str], why: str) -> int:
+    """The run goes to the engine's own ``train.py`` (:func:`trainer.handover.hand_over`), or exit 7 with
+    the reason when there is none to hand it to."""
+    from trainer.exitcodes import ExitCode
+    from trainer.handover import ENV_ENGINE_TRAIN_PY, engine_train_py, hand_over
+
+    target, no_target = engine_train_py(nne_cpu_path, sys.argv[0])
+    if target is None:
+        _say(
+            f"la-trainer: {why}: la-trainer trains only FlowMatching and cannot hand this run to the "
+            f"engine's own train.py ({no_target}). Set {ENV_ENGINE_TRAIN_PY} to the engine's "
+            "Plugins/Experimental/LearningCore/Content/Python/train.py (docs/unreal-install.md, 'Other "
+            "trainers')."
+        )
+        return int(ExitCode.UNSUPPORTED)
+    print(
+        f"la-trainer: {why}: la-trainer trains only FlowMatching, so the run goes to the engine's own "
+        f"trainer {target}".encode("ascii", "backslashreplace").decode("ascii"),
+        flush=True,
+    )
+    return hand_over(target, list(argv))
+
+
+def _check_launch_inputs(launch: LaunchArgs) -> int | None:
+    """The launch inputs the trainer would refuse, checked without opening anything: the task folder, the
+    engine's control block (spawned shared memory), the settings files and LA_TRAINER_* values. An exit
+    code after one line, or None."""
+    from protocol.argv import SharedMemoryArgs
+    from trainer.errors import LaunchError
+    from trainer.exitcodes import ExitCode
+    from trainer.options import load_options
+    from trainer.timeouts import Timeouts
+
+    mode = launch.mode
+    task_dir: Path | None = None
+    try:
+        if isinstance(mode, SharedMemoryArgs):
+            task_dir = Path(mode.task_dir)
+            if not mode.make_task_dir and not task_dir.is_dir():
+                raise LaunchError(
+                    f"Task directory {task_dir} does not exist. The engine creates it before it spawns the "
+                    "trainer; when launching by hand add -d to create it."
+                )
+            if mode.controls_guid and not mode.create_mem:
+                _check_control_block(mode.controls_guid)
+        if task_dir is not None and task_dir.is_dir():
+            options = load_options(task_dir, shared_dir=task_dir.parent)
+        else:
+            options = load_options(None)
+        Timeouts.from_env(options.wait)
+    except LaunchError as error:
+        _say(f"la-trainer: {error}")
+        return int(ExitCode.USAGE)
+    return None
+
+
+def _check_control_block(controls_guid: str) -> None:
+    """LaunchError when the engine's control block does not exist (the link's own check, made early)."""
+    from protocol.errors import ProtocolError
+    from protocol.guid import os_shm_name
+    from trainer.errors import LaunchError
+
+    try:
+        name = os_shm_name(controls_guid, sys.platform)
+    except ProtocolError as error:
+        raise LaunchError(f"-g {controls_guid}: {error}") from None
+    try:
+        from trainer.transport.shm import region_exists
+    except ImportError:
+        return  # posix_ipc is missing: said as a missing requirement
+    if not region_exists(name):
+        raise LaunchError(
+            f"the engine's control block {name!r} (-g {controls_guid}) does not exist: the game that "
+            "spawned the trainer is gone, or the GUID is not the one it created."
+        )
