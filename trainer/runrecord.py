@@ -16,7 +16,9 @@ numbered folder we make for socket and offline runs, the user's folder for attac
 The run name is the engine's own (spec §7.2, the name of its TensorBoard run):
 ``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``, so the record, the TensorBoard run and the MLflow
 run of one training carry the same name. ``runs/`` keeps several records apart where one task folder
-serves several runs (attach mode reuses the folder the user names).
+serves several runs (attach mode reuses the folder the user names). A name an earlier run of the project
+already has (two offline runs of one export share its TimeStamp) gets ``_2``, ``_3``, ...
+(:func:`free_run_name`), so every run has its own record folder, TensorBoard folder and MLflow run name.
 
 A metrics line::
 
@@ -29,6 +31,7 @@ mixed in one series); ``elapsed_s`` counts from the first training iteration of 
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -59,6 +62,7 @@ __all__ = [
     "RunRecord",
     "check_output_folder",
     "find_run_folders",
+    "free_run_name",
     "new_task_folder",
     "read_metrics",
     "run_name",
@@ -157,6 +161,32 @@ def new_task_folder(parent: Path, task_name: str) -> Path:
             continue  # another process took this number between the check and the mkdir
         return folder
     raise OSError(f"no free task number below {_TASK_ID_LIMIT} under {parent}")
+
+
+def free_run_name(name: str, task_dir: Path | None, tensorboard_runs: Path | None = None) -> str:
+    """``name``, or ``name_2``, ``name_3``, ...: the first that no earlier run of the project uses, so
+    every run has a name of its own for its record folder, its TensorBoard folder and its MLflow run.
+
+    The engine's run name carries the config's TimeStamp, which two runs share when they train from one
+    export (offline, twice): each gets its own ``Offline<N>`` task folder, but without this both logged
+    into one TensorBoard folder and two MLflow runs of one name. Taken: a run record of that name in
+    ``task_dir`` or a sibling task folder (``<task_dir>/../*/runs/<name>``, the project's other runs),
+    or a TensorBoard run folder of that name in ``tensorboard_runs``.
+    """
+
+    def taken(candidate: str) -> bool:
+        if tensorboard_runs is not None and (tensorboard_runs / candidate).exists():
+            return True
+        if task_dir is None:
+            return False
+        if (task_dir / RUNS_DIR / candidate).exists():
+            return True
+        return any(task_dir.parent.glob(f"*/{RUNS_DIR}/{glob.escape(candidate)}"))
+
+    chosen, suffix = name, 2
+    while taken(chosen) and suffix < _TASK_ID_LIMIT:
+        chosen, suffix = f"{name}_{suffix}", suffix + 1
+    return chosen
 
 
 def run_name(task_name: str, trainer_method: str, comm_type: str, time_stamp: str) -> str:
@@ -405,18 +435,21 @@ class RunLog:
         first_iteration: int,
     ) -> None:
         from trainer.progress import log
-        from trainer.trackers import Trackers
+        from trainer.trackers import Trackers, tensorboard_runs
 
-        self.name = name
+        # One name for the record, the TensorBoard folder and the MLflow run: the engine's, unless an
+        # earlier run of the project took it (free_run_name); then the record folder's, as made.
+        self.name = free_run_name(name, task_dir, tensorboard_runs(config, task_dir))
         if task_dir is not None and options.run_record:
             try:
                 self.record = RunRecord.create(
-                    task_dir, name, options=options, engine_config=engine_config, info=info, warn=log
+                    task_dir, self.name, options=options, engine_config=engine_config, info=info, warn=log
                 )
+                self.name = self.record.folder.name
                 log(f"la-trainer: run record in {self.record.folder}")
             except OSError as error:
                 log(f"warning: cannot create the run record under {task_dir} ({error}); training without it.")
-        self.trackers = Trackers.for_run(config, options, name, task_dir)
+        self.trackers = Trackers.for_run(config, options, self.name, task_dir)
         self._clock = self._started = time.perf_counter()
         self._last_iteration = first_iteration
 

@@ -37,7 +37,7 @@ from protocol.config import TrainerConfig
 from trainer.options import TrainerOptions
 from trainer.progress import log
 
-__all__ = ["TRACK_EVERY", "Trackers"]
+__all__ = ["TRACK_EVERY", "Trackers", "tensorboard_runs"]
 
 TRACK_EVERY = 100
 """Iterations between two tracker points (and metrics-log lines): often enough for a curve, rare enough
@@ -45,6 +45,18 @@ to cost nothing measurable."""
 
 MLFLOW_DEFAULT = "default"
 """``--mlflow default``: MLflow's own default tracking location (``MLFLOW_TRACKING_URI`` or ``./mlruns``)."""
+
+
+def tensorboard_runs(config: TrainerConfig, task_dir: Path | None) -> Path:
+    """The folder that holds the TensorBoard runs: ``<TempDirectory>/TensorBoard/runs`` (the engine's
+    IntermediatePath, where its own trainer writes them), else under the task folder, else the working
+    folder. Every run of a project shares it, so a run name must be free there
+    (:func:`trainer.runrecord.free_run_name`)."""
+    if config.temp_directory:
+        root = Path(config.temp_directory)
+    else:
+        root = task_dir if task_dir is not None else Path.cwd()
+    return root / "TensorBoard" / "runs"
 
 
 class _Tracker(Protocol):
@@ -151,7 +163,9 @@ class Trackers:
         import_module: Any = _optional,
     ) -> Trackers:
         """Open what the engine's settings or our options ask for; warn once for each one that cannot
-        open. ``name``: the run name (:func:`trainer.runrecord.run_name`). ``import_module``: how an
+        open. ``name``: this run's own name (the run record folder's, :func:`trainer.runrecord.free_run_name`:
+        never one an earlier run of the project used, so two runs never share a TensorBoard folder or an
+        MLflow run name). ``import_module``: how an
         optional package is imported (tests pass a fake)."""
         trackers: list[_Tracker] = []
         if config.use_tensorboard or options.tensorboard:
@@ -163,11 +177,7 @@ class Trackers:
                     "(pip install tensorboard, or the la-trainer[tensorboard] extra); training without TensorBoard."
                 )
             else:
-                if config.temp_directory:
-                    root = Path(config.temp_directory)
-                else:
-                    root = task_dir if task_dir is not None else Path.cwd()
-                folder = root / "TensorBoard" / "runs" / name
+                folder = tensorboard_runs(config, task_dir) / name
                 try:
                     trackers.append(_TensorBoard(module.SummaryWriter, folder))
                     log(f"la-trainer: TensorBoard logs in {folder} (tensorboard --logdir {folder.parent})")

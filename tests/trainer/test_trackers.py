@@ -13,7 +13,7 @@ import pytest
 
 from protocol.config import TrainerConfig
 from trainer.options import TrainerOptions
-from trainer.runrecord import MetricsPoint, run_name
+from trainer.runrecord import MetricsPoint, RunLog, free_run_name, run_name
 from trainer.trackers import Trackers
 
 
@@ -210,3 +210,51 @@ def test_nothing_asked_nothing_opened(tmp_path: Path) -> None:
         TrainerConfig(), OFF, NAME, tmp_path, import_module=lambda name: calls.append(name)
     )
     assert trackers.names == [] and calls == []
+
+
+def _open_run(task_dir: Path, config: TrainerConfig, options: TrainerOptions = OFF) -> RunLog:
+    runlog = RunLog()
+    runlog.open(
+        task_dir=task_dir,
+        name=run_name("Offline", "FlowMatching", "Files", config.time_stamp),
+        options=options,
+        config=config,
+        engine_config={},
+        info={},
+        first_iteration=0,
+    )
+    return runlog
+
+
+def test_two_runs_of_one_export_get_names_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two offline runs of one export: one TimeStamp (the export's), two Offline<N> task folders beside
+    each other. Each run's record, TensorBoard folder and MLflow run carry its own name, the record
+    folder's (before: both were Offline_FlowMatching_Files_<stamp>, one TensorBoard folder)."""
+    named: list[str] = []
+
+    def for_run(config: Any, options: Any, name: str, task_dir: Any, **_: Any) -> Trackers:
+        named.append(name)
+        return Trackers([])
+
+    monkeypatch.setattr(Trackers, "for_run", for_run)  # looked up on the class: a plain function
+    config = replace(CONFIG, temp_directory=str(tmp_path))  # the export's IntermediatePath: one TB root
+    first = _open_run(tmp_path / "Offline0", config)
+    second = _open_run(tmp_path / "Offline1", config)
+    assert first.folder is not None and second.folder is not None
+    assert first.name == first.folder.name and second.name == second.folder.name
+    assert first.name != second.name
+    assert named == [first.name, second.name]
+    assert second.name == first.name + "_2"
+
+
+def test_a_name_that_a_tensorboard_run_already_has_is_not_reused(tmp_path: Path) -> None:
+    """Without a run record (run_record off) the TensorBoard folder alone shows the name is taken."""
+    config = replace(CONFIG, temp_directory=str(tmp_path))
+    taken = run_name("Offline", "FlowMatching", "Files", config.time_stamp)
+    (tmp_path / "TensorBoard" / "runs" / taken).mkdir(parents=True)
+    runlog = _open_run(tmp_path / "Offline0", config, replace(OFF, run_record=False))
+    assert runlog.record is None
+    assert runlog.name == taken + "_2"
+    assert free_run_name("fresh", tmp_path / "Offline0", tmp_path / "TensorBoard" / "runs") == "fresh"
