@@ -43,6 +43,7 @@ from emulator.launch import REPO_ROOT
 from emulator.session import EngineTask, SessionSettings
 from protocol.snapshot import read_snapshot
 from trainer.timeouts import Timeouts
+from trainer.transport.win32 import Prototype
 
 TIMEOUT_SCALE = 0.0025
 """``LA_TRAINER_TIMEOUT_SCALE`` for subprocess trainers: a wait that cannot see the game (attach mode)
@@ -175,17 +176,31 @@ def unlink_regions(names: list[str]) -> None:
 
 PR_SET_CHILD_SUBREAPER = 36
 
+PRCTL = Prototype(
+    "libc",
+    "prctl",
+    ctypes.c_int,
+    (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong),
+)
+"""``int prctl(int op, unsigned long arg2, ..., arg5)`` (prctl(2)), declared like every ctypes call
+(tests/trainer/test_win32_prototypes.py checks it)."""
+
+
+def libc_prctl() -> Any:
+    """libc's ``prctl`` with :data:`PRCTL` applied (Linux)."""
+    return PRCTL.apply(ctypes.CDLL(None, use_errno=True)["prctl"])
+
 
 @contextlib.contextmanager
 def child_subreaper() -> Iterator[None]:
     """Orphaned descendants are re-parented to this process while the block runs (Linux only)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # pragma: no cover - old kernels only
+    prctl = libc_prctl()
+    if prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # pragma: no cover - old kernels only
         pytest.skip("prctl(PR_SET_CHILD_SUBREAPER) is not available")
     try:
         yield
     finally:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def wait_orphan(pid: int, timeout: float) -> int | None:

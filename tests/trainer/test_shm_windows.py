@@ -10,7 +10,9 @@ import pytest
 
 import trainer.transport.shm as shm
 from protocol.guid import os_shm_name
+from tests.support.fake_kernel32 import FakeKernel32, Process
 from trainer.errors import LaunchError
+from trainer.transport import win32
 
 GUID = "{6B29FC40-CA47-1067-B31D-00DD010662DA}"
 
@@ -69,3 +71,26 @@ def test_region_exists_asks_windows(windows: dict[str, list[str]]) -> None:
     assert not shm.region_exists(GUID)
     windows["existing"].append(GUID)
     assert shm.region_exists(GUID)
+
+
+# --- the existence check itself, through the declared prototypes on a kernel32 that marshals like ctypes --
+
+
+def mapping_exists(fake: FakeKernel32, name: str) -> bool:
+    return shm._windows_mapping_exists(
+        name, kernel32=win32.Library("kernel32", lambda: fake), last_error=lambda: fake.last_error
+    )
+
+
+def test_mapping_exists_opens_and_closes_a_64_bit_handle() -> None:
+    fake = FakeKernel32([], own=Process(70, 1, "python.exe", 1), mappings={GUID: True})
+    assert mapping_exists(fake, GUID)
+    assert fake.calls == ["OpenFileMappingW", "CloseHandle"] and fake.handles == {}  # closed, not leaked
+    assert not mapping_exists(fake, "Global\\" + GUID)
+
+
+def test_a_mapping_that_refuses_us_still_exists() -> None:
+    """ERROR_ACCESS_DENIED (another user's or a higher integrity level's mapping): the engine has not
+    unlinked it, so it is not reported gone."""
+    fake = FakeKernel32([], own=Process(70, 1, "python.exe", 1), mappings={GUID: False})
+    assert mapping_exists(fake, GUID)

@@ -16,15 +16,21 @@ item 6), and the engine's own trainers wait for it without a bound. What proves 
   editor. [INF: launcher behaviour of CPython 3.7.2+ venvs on Windows; not run on Windows here.]
 
 The Windows calls sit behind :class:`Win32Processes` (a small seam) so their logic is unit-tested on any
-platform with a fake (``tests/trainer/test_liveness.py``).
+platform with a fake (``tests/trainer/test_liveness.py``); :class:`Win32Processes` itself makes every call
+through the declared prototypes of :mod:`trainer.transport.win32`, and is tested on Linux through a fake
+kernel32 that converts arguments and results as ctypes does, with handles above 32 bits.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import sys
 from collections.abc import Callable
 from typing import Protocol
+
+from trainer.transport import win32
 
 __all__ = [
     "ProcessApi",
@@ -41,7 +47,8 @@ class ProcessApi(Protocol):
     """The Windows process calls the watch needs (handles are opaque integers)."""
 
     def open(self, pid: int) -> int | None:
-        """A handle with SYNCHRONIZE and query rights, or None when no such process exists (any more)."""
+        """A handle with SYNCHRONIZE and query rights, or None when no such process exists (any more).
+        Raises OSError when the process exists but grants no such handle."""
         ...
 
     def creation_time(self, handle: int) -> int:
@@ -62,6 +69,10 @@ class ProcessApi(Protocol):
 
     def parent_pid(self, pid: int) -> int | None:
         """The id of the process that created ``pid`` (None when it cannot be found)."""
+        ...
+
+    def close(self, handle: int) -> None:
+        """Release a handle from :meth:`open`."""
         ...
 
 
@@ -107,7 +118,15 @@ def _windows_watch(pid: int, api: ProcessApi, executable: str) -> Callable[[], b
     for _ in range(_LAUNCHER_DEPTH):
         if current is None:
             break
-        handle = api.open(current)
+        try:
+            handle = api.open(current)
+        except OSError:
+            # It exists but grants no handle (access denied): nothing to wait on. Our parent keeps being
+            # asked whether its id still names a process, which is weaker (an id can be reused) but never
+            # judges a live engine dead; a launcher's parent is left to the launcher's handle.
+            return (
+                functools.partial(_exists, api, current) if not handles else _any_exited_is_dead(api, handles)
+            )
         if handle is None or api.creation_time(handle) > own_start or api.exited(handle):
             # Gone before we looked, or the id already belongs to a newer process: the engine is gone.
             return lambda: False
@@ -115,7 +134,24 @@ def _windows_watch(pid: int, api: ProcessApi, executable: str) -> Callable[[], b
         if not _is_venv_launcher(api.image_path(handle), executable):
             break
         current = api.parent_pid(current)
+    return _any_exited_is_dead(api, handles)
+
+
+def _any_exited_is_dead(api: ProcessApi, handles: list[int]) -> Callable[[], bool]:
     return lambda: not any(api.exited(h) for h in handles)
+
+
+def _exists(api: ProcessApi, pid: int) -> bool:
+    try:
+        handle = api.open(pid)
+    except OSError:
+        return True  # still refused: still there
+    if handle is None:
+        return False
+    try:
+        return not api.exited(handle)
+    finally:
+        api.close(handle)
 
 
 def _is_venv_launcher(image: str, executable: str) -> bool:
@@ -130,77 +166,62 @@ def _same_path(a: str, b: str) -> bool:
 
 
 class Win32Processes:
-    """:class:`ProcessApi` through ``kernel32`` (ctypes). Constructed only on Windows."""
+    """:class:`ProcessApi` through ``kernel32``, every call with its declared prototype
+    (:mod:`trainer.transport.win32`). ``kernel32`` and ``last_error`` are seams: tests pass a fake library
+    whose functions convert arguments and results as ctypes does, so a missing or wrong prototype (a
+    64-bit handle cut to 32 bits) shows on Linux too."""
 
     SYNCHRONIZE = 0x00100000
     PROCESS_QUERY_LIMITED_INFORMATION = 0x1000
     WAIT_TIMEOUT = 0x102
     TH32CS_SNAPPROCESS = 0x2
+    IMAGE_PATH_CHARS = 32768
 
-    def __init__(self) -> None:  # pragma: no cover - Windows only
-        import ctypes
-        from ctypes import wintypes
+    def __init__(
+        self, kernel32: win32.Library | None = None, last_error: Callable[[], int] | None = None
+    ) -> None:
+        self._k32 = kernel32 if kernel32 is not None else win32.kernel32()
+        self._last_error = last_error if last_error is not None else win32.last_error
 
-        self._ctypes = ctypes
-        self._wintypes = wintypes
-        self._k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined,unused-ignore]
-        self._k32.OpenProcess.restype = wintypes.HANDLE
-        self._k32.OpenProcess.argtypes = (wintypes.DWORD, wintypes.BOOL, wintypes.DWORD)
-        self._k32.CreateToolhelp32Snapshot.restype = wintypes.HANDLE
-
-    def open(self, pid: int) -> int | None:  # pragma: no cover - Windows only
+    def open(self, pid: int) -> int | None:
         handle = self._k32.OpenProcess(self.SYNCHRONIZE | self.PROCESS_QUERY_LIMITED_INFORMATION, False, pid)
-        return int(handle) if handle else None
+        if handle:
+            return int(handle)
+        error = self._last_error()
+        if error == win32.ERROR_INVALID_PARAMETER:  # what OpenProcess says of an id no process has
+            return None
+        raise win32.error(error, f"OpenProcess({pid})")
 
-    def _times(self, handle: int) -> int:  # pragma: no cover - Windows only
-        filetime = self._wintypes.FILETIME
-        created, exited, kernel, user = filetime(), filetime(), filetime(), filetime()
-        ref = self._ctypes.byref
+    def _times(self, handle: int) -> int:
+        created, exited, kernel, user = win32.FILETIME(), win32.FILETIME(), win32.FILETIME(), win32.FILETIME()
+        ref = ctypes.byref
         if not self._k32.GetProcessTimes(handle, ref(created), ref(exited), ref(kernel), ref(user)):
             return 0
-        return (created.dwHighDateTime << 32) | created.dwLowDateTime
+        return created.ticks
 
-    def creation_time(self, handle: int) -> int:  # pragma: no cover - Windows only
+    def creation_time(self, handle: int) -> int:
         return self._times(handle)
 
-    def own_creation_time(self) -> int:  # pragma: no cover - Windows only
+    def own_creation_time(self) -> int:
         return self._times(self._k32.GetCurrentProcess())
 
-    def exited(self, handle: int) -> bool:  # pragma: no cover - Windows only
+    def exited(self, handle: int) -> bool:
         return bool(self._k32.WaitForSingleObject(handle, 0) != self.WAIT_TIMEOUT)
 
-    def image_path(self, handle: int) -> str:  # pragma: no cover - Windows only
-        size = self._wintypes.DWORD(32768)
-        buffer = self._ctypes.create_unicode_buffer(size.value)
-        if not self._k32.QueryFullProcessImageNameW(handle, 0, buffer, self._ctypes.byref(size)):
+    def image_path(self, handle: int) -> str:
+        size = win32.DWORD(self.IMAGE_PATH_CHARS)
+        buffer = ctypes.create_unicode_buffer(size.value)
+        if not self._k32.QueryFullProcessImageNameW(handle, 0, buffer, ctypes.byref(size)):
             return ""
         return str(buffer.value)
 
-    def parent_pid(self, pid: int) -> int | None:  # pragma: no cover - Windows only
-        import ctypes
-
-        wintypes = self._wintypes
-
-        class ProcessEntry(ctypes.Structure):
-            _fields_ = (
-                ("dwSize", wintypes.DWORD),
-                ("cntUsage", wintypes.DWORD),
-                ("th32ProcessID", wintypes.DWORD),
-                ("th32DefaultHeapID", ctypes.c_size_t),
-                ("th32ModuleID", wintypes.DWORD),
-                ("cntThreads", wintypes.DWORD),
-                ("th32ParentProcessID", wintypes.DWORD),
-                ("pcPriClassBase", ctypes.c_long),
-                ("dwFlags", wintypes.DWORD),
-                ("szExeFile", wintypes.WCHAR * 260),
-            )
-
+    def parent_pid(self, pid: int) -> int | None:
         snapshot = self._k32.CreateToolhelp32Snapshot(self.TH32CS_SNAPPROCESS, 0)
-        if not snapshot or snapshot == wintypes.HANDLE(-1).value:
+        if not snapshot or snapshot == win32.INVALID_HANDLE_VALUE:
             return None
         try:
-            entry = ProcessEntry()
-            entry.dwSize = ctypes.sizeof(ProcessEntry)
+            entry = win32.PROCESSENTRY32W()
+            entry.dwSize = ctypes.sizeof(win32.PROCESSENTRY32W)
             found = self._k32.Process32FirstW(snapshot, ctypes.byref(entry))
             while found:
                 if entry.th32ProcessID == pid:
@@ -209,3 +230,6 @@ class Win32Processes:
             return None
         finally:
             self._k32.CloseHandle(snapshot)
+
+    def close(self, handle: int) -> None:
+        self._k32.CloseHandle(handle)

@@ -23,9 +23,11 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType, TracebackType
 
 from trainer.errors import LaunchError
+from trainer.transport import win32
 
 __all__ = ["SharedRegion", "region_exists"]
 
@@ -300,14 +302,18 @@ def _windows_map(name: str, size: int) -> mmap.mmap:  # pragma: no cover - Windo
     return mmap.mmap(-1, size, tagname=name)  # type: ignore[call-arg,unused-ignore]
 
 
-def _windows_mapping_exists(name: str) -> bool:  # pragma: no cover - Windows
-    import ctypes
-
-    kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined,unused-ignore]
+def _windows_mapping_exists(
+    name: str, kernel32: win32.Library | None = None, last_error: Callable[[], int] | None = None
+) -> bool:
+    """Whether a mapping of that name exists, through the declared prototypes of
+    :mod:`trainer.transport.win32` (``kernel32`` and ``last_error`` are seams for tests)."""
+    kernel32 = kernel32 if kernel32 is not None else win32.kernel32()
     file_map_read = 0x0004
     handle = kernel32.OpenFileMappingW(file_map_read, False, name)
     if not handle:
-        return False
+        # A mapping that refuses us (created by another user or at a higher integrity level) still
+        # exists: the engine has not unlinked it.
+        return (last_error or win32.last_error)() == win32.ERROR_ACCESS_DENIED
     kernel32.CloseHandle(handle)
     return True
 
