@@ -405,23 +405,30 @@ def _cli_install(project: Path, engine: Path, monkeypatch: pytest.MonkeyPatch) -
     )
 
 
+@pytest.mark.parametrize("failing", [0, 1], ids=["staging-folder", "aside-folder"])
 def test_a_project_it_cannot_write_to_ends_with_exit_2_and_the_fix(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    failing: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The PermissionError a read-only project raises (injected: CI runs as root, which writes anyway)."""
+    """The PermissionError a read-only project raises (injected: CI runs as root, which writes anyway),
+    when the staging folder is made and when the aside folder is (after staging, before the swap)."""
     project, engine = _installed(tmp_path)
     root = project / INSTALL_FOLDER
     before = _tree(root)
+    real_mkdtemp = tempfile.mkdtemp
+    calls: list[int] = []
 
-    def read_only(*args: object, **kwargs: object) -> str:
-        raise PermissionError(13, "Permission denied", str(root))
+    def read_only(*args: Any, **kwargs: Any) -> str:
+        calls.append(len(calls))
+        if len(calls) - 1 == failing:
+            raise PermissionError(13, "Permission denied", str(root / "new-folder"))
+        return str(real_mkdtemp(*args, **kwargs))
 
     monkeypatch.setattr(tempfile, "mkdtemp", read_only)
     result = _cli_install(project, engine, monkeypatch)
     assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and f"cannot write in {root}" in result.output
-    assert "writable" in result.output
-    assert _tree(root) == before
+    assert "Traceback" not in result.output and f"cannot write in {root / 'new-folder'}" in result.output
+    assert "writable" in result.output and "unchanged" in result.output
+    assert _tree(root) == before  # byte for byte, and no staging folder left
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes read-only folders")
