@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs, parse_launch_argv
 from protocol.errors import ArgvError, ProtocolError
@@ -40,7 +40,14 @@ if TYPE_CHECKING:
     # At run time the links (numpy, the transports) are imported only once argv and options are valid.
     from trainer.links import TrainerLink
 
-__all__ = ["InterruptFlag", "engine_main", "open_link_for_launch", "run_with_link", "use_utf8_output"]
+__all__ = [
+    "InterruptFlag",
+    "engine_main",
+    "open_link_for_launch",
+    "run_with_link",
+    "serve_sessions",
+    "use_utf8_output",
+]
 
 
 class InterruptFlag:
@@ -231,6 +238,99 @@ def run_with_link(
                 _emit(f"la-trainer: warning: cleanup failed: {error}")
 
 
+class ServingLink(Protocol):
+    """What :func:`serve_sessions` needs beyond :class:`~trainer.links.TrainerLink` (the attach-mode
+    shared-memory link and the socket link)."""
+
+    @property
+    def in_session(self) -> bool:
+        """A game has come in this session (before that, the link only waits for one)."""
+        ...
+
+    def next_session(self) -> None:
+        """Forget the finished session and wait for the next game from the initial state."""
+        ...
+
+
+def serve_sessions(
+    open_link: Callable[[InterruptFlag], TrainerLink],
+    *,
+    options: TrainerOptions,
+    task_dir_for: Callable[[int], Path | None],
+    timeouts: Timeouts | None = None,
+    say: Callable[[str], None] | None = None,
+) -> int:
+    """Serve one game session after another on one link (``la-trainer socket``, ``la-trainer shm --create
+    --serve``): an editor restarted after a crash, or PIE started again, finds the trainer still there.
+
+    ``task_dir_for(n)`` is session ``n``'s task folder (0 first; each session gets its own status and run
+    record). A session that ends in any documented way (complete, stopped, diverged, the game gone or
+    refused data) is logged with its exit code and the next one is awaited; the link is reset between
+    them (``next_session``). It ends on SIGINT/SIGTERM, with exit code 0 when the signal came while no
+    game was there and the interrupted session's code (8) otherwise, or on an error that is not a
+    session's (a bug: exit 1, the port lost: exit 2). The link (and what it created) is always closed.
+    """
+    from protocol.errors import ProtocolError
+
+    timeouts = timeouts if timeouts is not None else Timeouts.from_env(options.wait)
+    emit = say or (lambda line: _emit(line, sys.stdout))
+    flag = InterruptFlag()
+    link: TrainerLink | None = None
+    session = 0
+    try:
+        with flag.installed():
+            link = open_link(flag)
+            from trainer.links import KeepAlive
+
+            with KeepAlive(link, timeouts.ping_interval):
+                from trainer.run import run_training
+            while True:
+                task_dir = task_dir_for(session)
+                serving: ServingLink = link  # type: ignore[assignment]
+                try:
+                    code = int(
+                        run_training(
+                            link, options=options, task_dir=task_dir, interrupt=flag, timeouts=timeouts
+                        )
+                    )
+                except (TrainerError, ProtocolError) as error:
+                    if flag.is_set() and not serving.in_session:
+                        emit(
+                            f"la-trainer: {flag.signal_name or 'signal'} received while no game was connected: server stopped."
+                        )
+                        return int(ExitCode.OK)
+                    paragraph = _error_paragraph(error)
+                    code = int(exit_code_for(error))
+                    _record_failure(task_dir, options, paragraph, code)
+                    _emit(paragraph)
+                    if isinstance(error, LaunchError) and not serving.in_session:
+                        return code  # the transport itself failed (the port, the block): not a session's end
+                session += 1
+                if flag.is_set():
+                    return code
+                emit(
+                    f"la-trainer: session {session} ended with exit code {code}; serving the next game "
+                    "(SIGINT/SIGTERM stop the server)."
+                )
+                serving.next_session()
+    except KeyboardInterrupt:
+        _emit("la-trainer: interrupted.")
+        return int(ExitCode.INTERRUPTED)
+    except BaseException as error:
+        if isinstance(error, BrokenPipeError):
+            _silence_output()
+            error = PeerGone("the trainer's output pipe (stdout/stderr) was closed")
+        paragraph = _error_paragraph(error)
+        _emit(paragraph)
+        return int(exit_code_for(error))
+    finally:
+        if link is not None:
+            try:
+                link.close()
+            except Exception as error:
+                _emit(f"la-trainer: warning: cleanup failed: {error}")
+
+
 def open_link_for_launch(
     args: LaunchArgs,
     timeouts: Timeouts,
@@ -238,12 +338,14 @@ def open_link_for_launch(
     interrupt: InterruptFlag | None = None,
     *,
     engine_spawned: bool = False,
+    serve: bool = False,
 ) -> TrainerLink:
     """The trainer link that the engine's launch arguments describe.
 
     ``engine_spawned``: the engine started this process (the drop-in ``train.py``), so it is watched
     (:mod:`trainer.transport.liveness`) and waits on it have no bound; otherwise (``la-trainer shm`` and
     ``socket``, attach mode) waits the game's liveness cannot be seen by are bounded by ``Timeouts.wait``.
+    ``serve``: a link that serves session after session (:func:`serve_sessions`).
     """
     mode = args.mode
     if isinstance(mode, SharedMemoryArgs):
@@ -269,6 +371,7 @@ def open_link_for_launch(
             timeouts=timeouts,
             watch_parent=engine_spawned and not mode.create_mem,
             interrupted=interrupt.is_set if interrupt is not None else None,
+            serve=serve,
         )
     if isinstance(mode, SocketArgs):
         from trainer.links import SocketTrainerLink
@@ -282,6 +385,7 @@ def open_link_for_launch(
             # connection exists), so even the wait for the connection needs no bound.
             peer_alive=parent_watch() if engine_spawned else None,
             interrupted=interrupt.is_set if interrupt is not None else None,
+            serve=serve,
         )
     raise LaunchError(f"Unknown transport in the launch arguments: {mode!r}.")
 

@@ -3,16 +3,25 @@ replay-buffer regions, driven through the handshake tables of :mod:`protocol.con
 
 The engine's liveness is watched through the control block (it unlinks its regions when it ends, §2.1)
 and, in spawned mode, the engine process (:mod:`trainer.transport.liveness`); there every wait lasts as
-long as the game lives (a paused editor included). In attach mode nothing shows whether the game lives,
-so each wait is bounded by ``Timeouts.wait`` (:class:`~trainer.transport.wait.WaitRule`).
+long as the game lives (a paused editor included). In attach mode the block is ours; once the game has
+raised ConfigSignal, the processes that map the block show it (:mod:`trainer.transport.mappers`, Linux),
+and the waits follow them. Where they cannot be seen (another platform, a game run by another user) and
+before any game came, each wait is bounded by ``Timeouts.wait`` (:class:`~trainer.transport.wait.WaitRule`);
+which of the two runs is said in the log.
+
+Attach mode can serve session after session (``serve``): :meth:`ShmTrainerLink.next_session` releases
+the session's regions and puts the control block back to its initial state, and the wait for the next
+game's config has no bound (a server waits for its clients; SIGINT/SIGTERM end it).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -32,13 +41,14 @@ from protocol.replay import ReplayBuffer, ReplayLayout
 from trainer.errors import BadData, Interrupted, LaunchError, PeerGone, WaitTimeout
 from trainer.handover import FLOW_MATCHING
 from trainer.links.base import check_snapshot_size
-from trainer.timeouts import Timeouts
+from trainer.timeouts import WAIT_ADVICE, Timeouts
 from trainer.transport.files import CONFIG_FILE_LIMIT
 from trainer.transport.liveness import parent_watch
 from trainer.transport.lockfile import ControlBlockLock
+from trainer.transport.mappers import MapperWatch, mapper_scan_available
 from trainer.transport.shm import SharedRegion, region_exists
 from trainer.transport.staging import ReplayStaging
-from trainer.transport.wait import StopRequested, WaitRule, after_grace, wait_until
+from trainer.transport.wait import StopRequested, WaitRule, after_grace, say, wait_until
 
 __all__ = ["ShmTrainerLink"]
 
@@ -64,6 +74,9 @@ class ShmTrainerLink:
         watch_parent: the engine spawned us: watch it, and wait without a bound while it lives (default:
             spawned mode, i.e. not ``create``).
         interrupted: polled during waits; True (SIGINT/SIGTERM seen by the app) raises ``Interrupted``.
+        serve: attach mode serving session after session: the wait for a game's config has no bound
+            (:meth:`next_session` prepares the next one).
+        output: where the link's log lines go (tests capture them).
     """
 
     comm_type = "SharedMemory"
@@ -79,8 +92,19 @@ class ShmTrainerLink:
         platform: str | None = None,
         watch_parent: bool | None = None,
         interrupted: Callable[[], bool] | None = None,
+        serve: bool = False,
+        output: Callable[[str], None] = say,
     ) -> None:
+        if serve and not create:
+            raise LaunchError(
+                "serving session after session needs attach mode (--create): a control block the engine "
+                "created goes away with the engine"
+            )
         self._timeouts = timeouts or Timeouts()
+        self._created = create
+        self._serve = serve
+        self._say = output
+        self._config_seen = False
         self._interrupted = interrupted
         self._platform = platform or sys.platform
         self._config_path = Path(config_dir)
@@ -125,7 +149,10 @@ class ShmTrainerLink:
             self._timeouts,
             visible=watching,
             why_unseen="attach mode (-c)" if create else "the trainer was not started by the game",
+            output=output,
         )
+        # Attach mode: who maps our control block shows the game's liveness (found once it has come).
+        self._mappers: MapperWatch | None = None
         self._next_peer_check = time.monotonic() + self._timeouts.peer_check_interval
 
     @property
@@ -146,23 +173,38 @@ class ShmTrainerLink:
 
     # -- waiting ---------------------------------------------------------------------------------------
 
+    @property
+    def in_session(self) -> bool:
+        """A game has raised ConfigSignal in this session (before that, the link only waits for one)."""
+        return self._config_seen
+
     def _peer_alive(self) -> bool:
         if self._parent_alive is not None and not self._parent_alive():
             return False
+        if self._mappers is not None and not self._mappers.alive():
+            return False  # every process of the game that mapped our block has unmapped it: it is gone
         # The engine unlinks the regions it created when it ends (spec §2.1); ours stays while we run.
         return region_exists(self._controls_name)
 
-    def _wait(self, predicate: Callable[[], T | None], what: str, *, interruptible: bool = True) -> T:
+    def _wait(
+        self,
+        predicate: Callable[[], T | None],
+        what: str,
+        *,
+        interruptible: bool = True,
+        rule: WaitRule | None = None,
+    ) -> T:
         # Sends give a signal a grace period: a SIGINT/SIGTERM in the middle of a round would leave the
         # engine blocked in ReceiveNetwork for the rest of it (an error there, spec §7.1). The round
         # finishes and the loop stops at the next step boundary; a game that does not take the network
         # within Timeouts.signal_grace (paused, stuck) no longer keeps the signalled trainer alive.
+        rule = rule or self._rule
         return wait_until(
             predicate,
-            timeout=self._rule.start(what),
+            timeout=rule.start(what),
             what=what,
-            timeout_hint=self._rule.hint,
-            notice=self._rule.notice(what),
+            timeout_hint=rule.hint,
+            notice=rule.notice(what),
             notice_after=self._timeouts.notice_after,
             poll_interval=self._timeouts.poll_interval,
             peer_alive=self._peer_alive,
@@ -192,9 +234,49 @@ class ShmTrainerLink:
     # -- the session -----------------------------------------------------------------------------------
 
     def _wait_for_config(self) -> None:
-        self._wait(
-            self._controls.config_ready,
-            f"the game's config (ConfigSignal on control block {self._guid_string})",
+        if self._config_seen:
+            return
+        what = f"the game's config (ConfigSignal on control block {self._guid_string})"
+        if self._serve:
+            # A server waits for its next client without a bound; the signals end it.
+            self._say(
+                f"la-trainer: serving session after session on control block {self._guid_string}: waiting "
+                "for a game with no bound (SIGINT/SIGTERM stop the server; --once: one session only)."
+            )
+            idle = WaitRule(
+                replace(self._timeouts, wait=math.inf), visible=False, why_unseen="serving", output=self._say
+            )
+            self._wait(self._controls.config_ready, what, rule=idle)
+        else:
+            self._wait(self._controls.config_ready, what)
+        self._config_seen = True
+        if self._created:
+            self._watch_game()
+
+    def _watch_game(self) -> None:
+        """Attach mode, the game has raised ConfigSignal: follow the processes that map our control block
+        if they can be seen (then waits have no bound), else keep the bound; say which."""
+        bound = self._timeouts.wait
+        if not mapper_scan_available(self._platform):
+            self._say(
+                f"la-trainer: this platform does not show which processes map the control block, so the "
+                f"game's liveness cannot be seen: each wait on it stays bounded by {bound:g} s; {WAIT_ADVICE}."
+            )
+            return
+        watch = MapperWatch(self._controls_name)
+        if not watch.attach():
+            self._say(
+                f"la-trainer: no other process of this user maps the control block {self._controls_name} "
+                f"(a game run by another user cannot be seen): each wait on the game stays bounded by "
+                f"{bound:g} s; {WAIT_ADVICE}."
+            )
+            return
+        self._mappers = watch
+        self._rule = WaitRule(self._timeouts, visible=True, output=self._say)
+        pids = ", ".join(str(pid) for pid in sorted(watch.pids))
+        self._say(
+            f"la-trainer: the game (pid {pids}) maps the control block: waits follow that process with no "
+            f"bound, and its end is noticed within {self._timeouts.peer_check_interval:g} s."
         )
 
     def peek_trainer_method(self) -> str:
@@ -402,18 +484,42 @@ class ShmTrainerLink:
         except (WaitTimeout, PeerGone, StopRequested, Interrupted):
             pass  # Complete stays in the block; nothing else to do for us.
 
+    def _release_session(self) -> None:
+        """Unmap the session's network and replay regions (the game's; it unlinks them)."""
+        regions, self._regions = self._regions, []
+        self._network_regions.clear()
+        self._replay_views.clear()
+        self._layouts.clear()
+        self._staging = None
+        for region in regions:
+            region.close()
+
+    def next_session(self) -> None:
+        """Attach mode, serving: end this session and wait for the next game from a clean block.
+
+        The session's regions are released, the control block is put back to its initial state (every
+        signal 0, NetworkId = ReplayBufferId = -1: what the engine writes when it maps it, §2.5) and a
+        fresh trainer half of the handshakes starts; the next game's liveness is looked up again once it
+        raises ConfigSignal. The lock and the block itself stay ours.
+        """
+        if not self._created or self._closed:
+            raise LaunchError("only an open attach-mode link can serve another session")
+        self._release_session()
+        self._config = None
+        self._stopped = False
+        self._config_seen = False
+        self._mappers = None
+        init_controls(self._control_region.buf)
+        self._controls = TrainerControls(self._control_region.buf)
+        self._rule = WaitRule(self._timeouts, visible=False, why_unseen="attach mode (-c)", output=self._say)
+
     def close(self) -> None:
         """Unmap every region; unlink the control block only if we created it. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        regions, self._regions = self._regions, []
-        self._network_regions.clear()
-        self._replay_views.clear()
-        self._staging = None
         try:
-            for region in regions:
-                region.close()
+            self._release_session()
         finally:
             try:
                 self._control_region.close()

@@ -5,6 +5,10 @@ The engine's liveness is watched through the connection (EOF, reset, TCP keep-al
 us, the engine process: once connected, every wait lasts as long as the game lives (a paused editor
 included, :mod:`trainer.timeouts`). Only a listener nobody has connected to, in a trainer the game did
 not spawn, cannot see a game at all: that wait is bounded by ``Timeouts.wait``, announced when it starts.
+
+The server (``la-trainer socket``) serves session after session (``serve``): its wait for a game has no
+bound, and :meth:`SocketTrainerLink.next_session` closes the finished session's connection and listens
+again on the same port.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 from typing import TypeVar
 
@@ -35,7 +40,7 @@ from trainer.errors import LaunchError, PeerGone
 from trainer.links.base import check_snapshot_size
 from trainer.timeouts import Timeouts
 from trainer.transport.tcp import ACCEPT_HINT, TcpConnection, TcpServer
-from trainer.transport.wait import StopRequested, WaitRule, after_grace, wait_until
+from trainer.transport.wait import StopRequested, WaitRule, after_grace, say, wait_until
 
 __all__ = ["SocketTrainerLink"]
 
@@ -56,7 +61,8 @@ class SocketTrainerLink:
 
     ``peer_alive`` (:func:`~trainer.transport.liveness.parent_watch` when the engine spawned us) and
     ``interrupted`` are polled during waits, as in :class:`~trainer.links.shm.ShmTrainerLink`; with
-    ``peer_alive`` even the wait for the connection has no bound.
+    ``peer_alive`` even the wait for the connection has no bound. ``serve``: a server that waits for
+    each game without a bound and serves the next one after :meth:`next_session`.
     """
 
     comm_type = "Socket"
@@ -70,18 +76,20 @@ class SocketTrainerLink:
         *,
         peer_alive: Callable[[], bool] | None = None,
         interrupted: Callable[[], bool] | None = None,
+        serve: bool = False,
+        output: Callable[[str], None] = say,
     ) -> None:
         self._timeouts = timeouts or Timeouts()
         self._interrupted = interrupted
+        self._serve = serve
+        self._say = output
         self._server: TcpServer | None = TcpServer(host, port)
+        self._host = host
+        self._bound_port = self._server.port  # the next session listens on the same port (port 0 too)
         self._peer_alive_check = peer_alive
         # Before a connection only a spawning engine's process shows that a game is there; once connected,
         # the connection does (the rule becomes visible in receive_config).
-        self._rule = WaitRule(
-            self._timeouts,
-            visible=peer_alive is not None,
-            why_unseen="no game has connected yet and the trainer was not started by one",
-        )
+        self._rule = self._accept_rule()
         self._conn: TcpConnection | None = None
         self._decoder = TrainerStreamDecoder()
         self._send_lock = threading.Lock()
@@ -96,6 +104,24 @@ class SocketTrainerLink:
         self._eof_detail = ""
         self._truncated = False
         self._closed = False
+
+    def _accept_rule(self) -> WaitRule:
+        if self._serve:
+            # A server waits for its next client without a bound; the signals end it.
+            return WaitRule(
+                replace(self._timeouts, wait=math.inf), visible=False, why_unseen="serving", output=self._say
+            )
+        return WaitRule(
+            self._timeouts,
+            visible=self._peer_alive_check is not None,
+            why_unseen="no game has connected yet and the trainer was not started by one",
+            output=self._say,
+        )
+
+    @property
+    def in_session(self) -> bool:
+        """A game has connected in this session (before that, the link only listens)."""
+        return self._conn is not None
 
     @property
     def wait_bound(self) -> float:
@@ -210,6 +236,11 @@ class SocketTrainerLink:
             if server is None:
                 raise LaunchError("the socket link is closed")
             what = f"the game to connect to {server.host}:{server.port}"
+            if self._serve:
+                self._say(
+                    f"la-trainer: serving session after session on {server.host}:{server.port}: waiting for a "
+                    "game with no bound (SIGINT/SIGTERM stop the server; --once: one session only)."
+                )
             self._conn = server.accept(
                 self._rule.start(what),
                 peer_alive=self._peer_alive_check,
@@ -219,7 +250,8 @@ class SocketTrainerLink:
                 notice_after=self._timeouts.notice_after,
             )
             self._server = None  # accept() closed the listener: no second client (§3)
-            self._rule = WaitRule(self._timeouts, visible=True)  # the connection shows the game lives
+            # The connection shows the game lives.
+            self._rule = WaitRule(self._timeouts, visible=True, output=self._say)
         message = self._wait(lambda: self._config_message, "the game's config message")
         config = session_from_socket(parse_json(message.raw_json, "socket config"))
         self._decoder.configure(
@@ -337,6 +369,40 @@ class SocketTrainerLink:
         if conn is None or self._closed or self._eof:
             return
         conn.wait_closed(math.inf, peer_alive=self._peer_alive_check, interrupted=self._interrupted)
+
+    def next_session(self) -> None:
+        """Serving: close this session's connection, forget what it sent and listen again on the same
+        port for the next game (the listener was closed while a game was connected, so a second game
+        was refused rather than left waiting, §3)."""
+        if self._closed:
+            raise LaunchError("the socket link is closed")
+        with self._send_lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+        self._decoder = TrainerStreamDecoder()
+        self._config_message = None
+        self._config = None
+        self._networks.clear()
+        self._experiences.clear()
+        self.networks_version = None
+        self._stop = self._eof = self._truncated = False
+        self._eof_detail = ""
+        if self._server is None:
+            self._server = self._listen_again()
+        self._rule = self._accept_rule()
+
+    def _listen_again(self) -> TcpServer:
+        # Our side of the finished connection may sit in TIME_WAIT for a moment where the platform
+        # refuses a rebind (SO_EXCLUSIVEADDRUSE on Windows): retry briefly before giving up.
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                return TcpServer(self._host, self._bound_port)
+            except LaunchError as error:
+                if time.monotonic() >= deadline or (self._interrupted is not None and self._interrupted()):
+                    raise LaunchError(f"cannot listen again for the next game: {error}") from None
+                time.sleep(0.1)
 
     def close(self) -> None:
         """Close the connection and the listener. Idempotent."""
