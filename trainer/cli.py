@@ -238,22 +238,35 @@ def main() -> None:
     default=None,
     help="Where the game writes its config JSONs (-LearningAgentsConfigPath); default TASK_DIR/Configs.",
 )
+@click.option(
+    "--serve/--once",
+    default=False,
+    help="With --create: after a session, reset the control block and serve the next game on the same "
+    "GUID (an editor restarted, PIE started again) until SIGINT/SIGTERM. Default --once: exit after one "
+    "session.",
+)
 @training_options
 def shm_command(
-    task_dir: Path, guid: str | None, create: bool, config_dir: Path | None, **kwargs: Any
+    task_dir: Path, guid: str | None, create: bool, config_dir: Path | None, serve: bool, **kwargs: Any
 ) -> None:
     """Train over shared memory, attached to a game by controls GUID.
 
     \b
     Example (start this first, then the game with the printed switches):
       la-trainer shm ./Intermediate/LearningCore/External --create
+      la-trainer shm ./Intermediate/LearningCore/External --create --serve   # session after session
     """
     from protocol.argv import LaunchArgs, SharedMemoryArgs
     from protocol.guid import parse_guid
-    from trainer.app import open_link_for_launch, run_with_link
+    from trainer.app import open_link_for_launch, run_with_link, serve_sessions
     from trainer.options import load_options
     from trainer.runrecord import check_output_folder
     from trainer.timeouts import Timeouts
+
+    if serve and not create:
+        raise click.UsageError(
+            "--serve needs --create: only a control block this trainer created outlives one game session."
+        )
 
     options = load_options(
         task_dir if task_dir.is_dir() else None,
@@ -288,6 +301,15 @@ def shm_command(
             task_dir=str(task_dir), controls_guid=guid, create_mem=create, make_task_dir=True, num_processes=1
         ),
     )
+    if serve:
+        # Every session in TASK_DIR: each gets its own run record under TASK_DIR/runs.
+        _exit(
+            serve_sessions(
+                lambda flag: open_link_for_launch(args, timeouts, config_dir, flag, serve=True),
+                options=options,
+                task_dir_for=lambda _: task_dir,
+            )
+        )
     _exit(
         run_with_link(
             lambda flag: open_link_for_launch(args, timeouts, config_dir, flag),
@@ -308,16 +330,24 @@ def shm_command(
     help="Each run gets a folder External<N> here (status, snapshots, run record); la-trainer.json here "
     "applies to every run.",
 )
+@click.option(
+    "--serve/--once",
+    default=True,
+    help="Default --serve: a server; after each session it listens again on the same port for the next "
+    "game, with no bound on the wait, until SIGINT/SIGTERM. --once: exit after one session (the wait for "
+    "the game is then bounded by --wait).",
+)
 @training_options
-def socket_command(host: str, port: int, temp_dir: Path, **kwargs: Any) -> None:
-    """Train over TCP: this process listens, the game connects.
+def socket_command(host: str, port: int, temp_dir: Path, serve: bool, **kwargs: Any) -> None:
+    """Train over TCP: this process listens, the game connects; it serves one game session after another
+    (--once: one session).
 
     \b
     Example (on the GPU server; then start the game with the printed switches):
       la-trainer socket --host 0.0.0.0 --port 48491
     """
     from protocol.argv import LaunchArgs, SocketArgs
-    from trainer.app import open_link_for_launch, run_with_link
+    from trainer.app import open_link_for_launch, run_with_link, serve_sessions
     from trainer.options import load_options
     from trainer.runrecord import check_output_folder, new_task_folder
     from trainer.timeouts import Timeouts
@@ -342,6 +372,23 @@ def socket_command(host: str, port: int, temp_dir: Path, **kwargs: Any) -> None:
         nne_cpu_path=None,
         mode=SocketArgs(host=host, port=port, temp_directory=str(temp_dir), num_processes=1),
     )
+    if serve:
+
+        def session_folder(session: int) -> Path:
+            # The first folder was made (and shown) above; each later session gets the next number.
+            if session == 0:
+                return task_dir
+            folder = new_task_folder(temp_dir, "External")
+            click.echo(f"Run folder: {folder}")
+            return folder
+
+        _exit(
+            serve_sessions(
+                lambda flag: open_link_for_launch(args, timeouts, None, flag, serve=True),
+                options=options,
+                task_dir_for=session_folder,
+            )
+        )
     _exit(
         run_with_link(
             lambda flag: open_link_for_launch(args, timeouts, None, flag), options=options, task_dir=task_dir
