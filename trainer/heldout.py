@@ -273,6 +273,8 @@ class HeldOutEvaluator:
     neighbours: Tensor
     """(S, NEIGHBOURS) int64: held-out rows with the nearest observations, each row first."""
     history: list[HeldOutMetrics] = field(default_factory=list)
+    last_sampled: Tensor | None = None
+    """(S·K, A) float64 on the CPU: the actions sampled by the latest :meth:`evaluate`, raw units."""
 
     @classmethod
     def build(
@@ -331,6 +333,7 @@ class HeldOutEvaluator:
         started = time.perf_counter()
         loss = self._flow_loss(model)
         sampled = model.sample(self.sample_obs, self.sample_x0, self.steps).cpu().double()
+        self.last_sampled = sampled
         rows, width = self.demonstrated.shape
         normalised = (sampled / self.scale).reshape(rows, SAMPLES_PER_ROW, width)
         demonstrated = self.demonstrated / self.scale
@@ -364,6 +367,39 @@ class HeldOutEvaluator:
         pred = nets.denoiser(torch.cat((z, x, self.loss_t), dim=1))
         return float(flow_matching_loss(pred, model.standardize_velocity(path.target)))
 
+    def actions_record(self, iteration: int) -> dict[str, Any]:
+        """Demonstrated and sampled actions of the latest evaluation, for ``la-trainer report``'s picture
+        (``heldout-actions.json`` in the run record): two columns of the chunk (decoder layout), those with
+        the largest demonstrated std; with a one-dimensional action, the observation column that
+        correlates most with it and the action. Small: at most S + S·K rows of two numbers."""
+        demonstrated = self.demonstrated
+        sampled = (
+            self.last_sampled if self.last_sampled is not None else torch.zeros((0, demonstrated.shape[1]))
+        )
+        record: dict[str, Any] = {"iteration": iteration, "ode_steps": self.steps}
+        if demonstrated.shape[1] >= 2:
+            columns = demonstrated.std(dim=0).topk(2).indices.sort().values.tolist()
+            record.update(
+                x_label=f"action column {columns[0]}",
+                y_label=f"action column {columns[1]}",
+                demonstrated=_rounded(demonstrated[:, columns]),
+                sampled=_rounded(sampled[:, columns]),
+            )
+            return record
+        obs = self.sample_obs[::SAMPLES_PER_ROW].cpu().double()
+        centred = obs - obs.mean(dim=0)
+        action = demonstrated[:, 0] - demonstrated[:, 0].mean()
+        strength = (centred * action[:, None]).sum(dim=0).abs() / (centred.norm(dim=0) + 1e-12)
+        column = int(strength.argmax())
+        x = obs[:, column]
+        record.update(
+            x_label=f"observation column {column}",
+            y_label="action",
+            demonstrated=_rounded(torch.stack((x, demonstrated[:, 0]), dim=1)),
+            sampled=_rounded(torch.stack((x.repeat_interleave(SAMPLES_PER_ROW), sampled[:, 0]), dim=1)),
+        )
+        return record
+
     def summary(self) -> Mapping[str, Any]:
         """For the run's log: how much is held out and how it is measured."""
         return {
@@ -374,6 +410,11 @@ class HeldOutEvaluator:
             "samples_per_row": SAMPLES_PER_ROW,
             "ode_steps": self.steps,
         }
+
+
+def _rounded(values: Tensor) -> list[list[float]]:
+    """Rows of a (n, 2) tensor as lists of 5-significant-digit floats (a small JSON file)."""
+    return [[float(f"{v:.5g}") for v in row] for row in values.tolist()]
 
 
 def _subset(n: int, limit: int, generator: torch.Generator) -> Tensor:
@@ -418,6 +459,8 @@ class HeldOutRound:
         not the ones sent) or this process trained no step."""
         if not diverged and iteration > self.job.start_iteration:
             self.measure(iteration)
+        if self.evaluator is not None and self.last is not None:
+            self.runlog.heldout_actions(self.evaluator.actions_record(self.last.iteration))
 
     def measure(self, iteration: int) -> HeldOutMetrics | None:
         """Measure the networks of ``iteration`` (once per iteration); None when nothing is held out."""

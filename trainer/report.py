@@ -1,5 +1,9 @@
 """``la-trainer report RUN``: a run's loss curve from its metrics log, as a PNG and a few lines of text.
 
+With a held-out set (:mod:`trainer.heldout`, option ``heldout_share``) the picture has two more panels:
+the held-out metrics over iterations (energy score; coverage and precision) and the demonstrated against
+the sampled actions on the held-out observations at the last measurement (``heldout-actions.json``).
+
 Any run leaves ``metrics.jsonl`` in its record folder (:mod:`trainer.runrecord`), so this works for
 engine-spawned, attach, socket, offline and ``record`` runs alike, finished or not. ``RUN`` is a run
 folder, a task folder, the engine's ``LearningCore`` folder or the project's ``Intermediate`` folder (the
@@ -12,6 +16,7 @@ third panel with it too.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -21,12 +26,21 @@ from typing import Any
 import click
 
 from trainer.exitcodes import ExitCode
-from trainer.runrecord import RUN_FILE, check_output_folder, find_run_folders, read_metrics
+from trainer.runrecord import (
+    HELDOUT_ACTIONS_FILE,
+    RUN_FILE,
+    check_output_folder,
+    find_run_folders,
+    read_metrics,
+)
 
 __all__ = [
     "PHASE_STYLE",
     "PLOTS_INSTALL_HINT",
+    "draw_actions_panel",
+    "draw_heldout_panel",
     "draw_loss_panel",
+    "heldout_series",
     "loss_series",
     "report_command",
     "summarize",
@@ -84,8 +98,92 @@ def draw_loss_panel(
     ax.set_title(title, fontsize=10)
 
 
+def heldout_series(points: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """``{metric: [(iteration, value), ...]}`` from the held-out lines of a metrics log (finite values)."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for point in points:
+        measured = point.get("heldout")
+        if not isinstance(measured, dict):
+            continue
+        for key, value in measured.items():
+            if isinstance(value, int | float) and math.isfinite(value) and key != "seconds":
+                series.setdefault(key, []).append((int(point["iteration"]), float(value)))
+    return series
+
+
+def draw_heldout_panel(
+    ax: Any, series: Mapping[str, Sequence[tuple[int, float]]], *, total: int | None
+) -> None:
+    """Held-out metrics over iterations: the energy score (lower is better) on the left axis, coverage
+    and precision (shares, higher is better) on the right."""
+    score = series.get("energy_score", [])
+    if score:
+        its, values = zip(*score, strict=True)
+        ax.plot(its, values, color="#1f77b4", marker="o", markersize=3, label="energy score")
+    ax.set_ylabel("held-out energy score (lower is better)")
+    right = ax.twinx()
+    for key, colour in (("coverage", "#2ca02c"), ("precision", "#d62728")):
+        part = series.get(key, [])
+        if part:
+            its, values = zip(*part, strict=True)
+            right.plot(its, values, color=colour, marker="s", markersize=3, linestyle="--", label=key)
+    right.set_ylim(0.0, 1.02)
+    right.set_ylabel("share of held-out rows / samples")
+    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles=handles, loc="center right", fontsize=8)
+    if total:
+        ax.set_xlim(0, total)
+    ax.set_xlabel("iteration")
+    ax.grid(True, alpha=0.3)
+    ax.set_title("held-out imitation quality", fontsize=10)
+
+
+def draw_actions_panel(ax: Any, record: Mapping[str, Any]) -> None:
+    """Demonstrated (grey) against sampled (blue) actions on the held-out observations
+    (``heldout-actions.json``: two columns per row)."""
+    for key, colour, label, size in (
+        ("demonstrated", "#555555", "demonstrated", 16),
+        ("sampled", "#1f77b4", "sampled (engine path)", 6),
+    ):
+        rows = record.get(key) or []
+        if rows:
+            xs, ys = zip(*((row[0], row[1]) for row in rows), strict=True)
+            ax.scatter(xs, ys, s=size, color=colour, alpha=0.5, label=label, linewidths=0)
+    ax.set_xlabel(str(record.get("x_label", "")))
+    ax.set_ylabel(str(record.get("y_label", "")))
+    ax.legend(loc="best", fontsize=8, markerscale=2)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(
+        f"held-out actions at iteration {record.get('iteration', '?')} ({record.get('ode_steps', '?')} Euler steps)",
+        fontsize=10,
+    )
+
+
+def _heldout_summary(points: Sequence[Mapping[str, Any]]) -> list[str]:
+    measured = [p for p in points if isinstance(p.get("heldout"), dict)]
+    if not measured:
+        return []
+    first, last = measured[0], measured[-1]
+    best = min(measured, key=lambda p: p["heldout"].get("energy_score") or math.inf)
+
+    def score(point: Mapping[str, Any]) -> str:
+        value = point["heldout"].get("energy_score")
+        return f"{value:.4f}" if isinstance(value, int | float) else "?"
+
+    coverage = last["heldout"].get("coverage")
+    shown = f", coverage {coverage:.2f}" if isinstance(coverage, int | float) else ""
+    return [
+        f"held-out: energy score {score(first)} at {first['iteration']} -> {score(last)} at "
+        f"{last['iteration']}{shown}; best {score(best)} at {best['iteration']}"
+    ]
+
+
 def summarize(points: Sequence[Mapping[str, Any]]) -> list[str]:
-    """A few lines: points, iterations, last loss per phase, median it/s, training time."""
+    """A few lines: points, iterations, last loss per phase, median it/s, training time; the held-out
+    energy score's first, last and best value when the run measured one."""
+    heldout = _heldout_summary(points)
+    points = [p for p in points if "heldout" not in p]
     if not points:
         return ["no metrics points yet (the first one comes after 100 iterations)"]
     lines = [f"{len(points)} points, iterations {points[0]['iteration']} to {points[-1]['iteration']}"]
@@ -98,7 +196,16 @@ def summarize(points: Sequence[Mapping[str, Any]]) -> list[str]:
     elapsed = points[-1].get("elapsed_s")
     if isinstance(elapsed, int | float):
         lines.append(f"{elapsed:,.1f} s of training")
-    return lines
+    return lines + heldout
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``; None when it is missing or not one (a report never fails on it)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _import_pyplot() -> Any:
@@ -157,10 +264,17 @@ def report_command(run: Path, out: Path | None) -> None:
             err=True,
         )
         sys.exit(int(ExitCode.USAGE))
-    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    measured = heldout_series(points)
+    actions = _read_json(folder / HELDOUT_ACTIONS_FILE)
+    panels = 1 + bool(measured) + (actions is not None)
+    fig, axes = plt.subplots(1, panels, figsize=(7.0 * panels, 4.0), squeeze=False)
     try:
         total = max((int(p["iteration"]) for p in points), default=0) or None
-        draw_loss_panel(ax, loss_series(points), total=total, title=folder.name)
+        draw_loss_panel(axes[0][0], loss_series(points), total=total, title=folder.name)
+        if measured:
+            draw_heldout_panel(axes[0][1], measured, total=total)
+        if actions is not None:
+            draw_actions_panel(axes[0][panels - 1], actions)
         fig.tight_layout()
         fig.savefig(target, dpi=110)
     finally:

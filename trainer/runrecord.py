@@ -12,6 +12,8 @@ numbered folder we make for socket and offline runs, the user's folder for attac
     <task_dir>/runs/<run name>/run.json           who/where/when, and at the end: phase, exit code,
                                                   last iteration and loss, the networks written
     <task_dir>/runs/<run name>/Networks/          network_<id>.bin: the final networks (snapshot bytes)
+    <task_dir>/runs/<run name>/heldout-actions.json with a held-out set (trainer.heldout): demonstrated and
+                                                  sampled actions of the last measurement
 
 The run name is the engine's own (spec §7.2, the name of its TensorBoard run):
 ``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``, so the record, the TensorBoard run and the MLflow
@@ -27,6 +29,12 @@ A metrics line::
 
 ``phase`` is ``flow_matching`` or ``distillation`` (the two losses are on different scales and are never
 mixed in one series); ``elapsed_s`` counts from the first training iteration of this process.
+
+With a held-out set (:mod:`trainer.heldout`) a second kind of line holds each measurement on it, ``best``
+true when its energy score is the best so far::
+
+    {"iteration": 1000, "heldout": {"flow_loss": 0.71, "energy_score": 0.29, "energy_distance": 0.01,
+     "w1": 0.05, "w1_raw": [0.02, ...], "coverage": 0.86, "precision": 0.81, "seconds": 0.02}, "best": true}
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ if TYPE_CHECKING:
     from trainer.trackers import Trackers
 
 __all__ = [
+    "HELDOUT_ACTIONS_FILE",
     "METRICS_FILE",
     "OPTIONS_FILE",
     "RUNS_DIR",
@@ -73,6 +82,7 @@ RUNS_DIR = "runs"
 OPTIONS_FILE = "options.json"
 ENGINE_CONFIG_FILE = "engine-config.json"
 METRICS_FILE = "metrics.jsonl"
+HELDOUT_ACTIONS_FILE = "heldout-actions.json"
 RUN_FILE = "run.json"
 NETWORKS_DIR = "Networks"
 
@@ -322,6 +332,10 @@ class RunRecord:
         except OSError as error:
             self._give_up(error)
 
+    def json_file(self, name: str, value: Mapping[str, Any]) -> None:
+        """Write ``value`` as the record's file ``name`` (replaced atomically)."""
+        self._write(name, json.dumps(_finite_json(value)) + "\n")
+
     def networks(self, blobs: Mapping[int, bytes]) -> list[Path]:
         """The final networks as ``Networks/network_<id>.bin`` (the engine's export naming)."""
         paths = []
@@ -483,6 +497,12 @@ class RunLog:
             self.record.line({"iteration": iteration, "heldout": dict(record), "best": best})
         if self.trackers is not None:
             self.trackers.scalars(iteration, scalars)
+
+    def heldout_actions(self, value: Mapping[str, Any]) -> None:
+        """Demonstrated and sampled held-out actions of the last measurement (``heldout-actions.json``),
+        for ``la-trainer report``'s picture."""
+        if self.record is not None:
+            self.record.json_file(HELDOUT_ACTIONS_FILE, value)
 
     def networks(self, blobs: Mapping[int, bytes]) -> list[Path]:
         """Keep the final networks in the record (and hand them to the trackers as artefacts)."""
