@@ -44,6 +44,11 @@ CUDA_HINT = (
 """How to get a CUDA build of torch; also in the trainer's CPU-fallback warning (trainer/run.py)."""
 
 
+ENGINE_PROBE_TIMEOUT_S = 120.0
+"""Bound of the engine-Python probe (it imports torch, which takes 1 to 5 s warm and can take a minute
+cold on a slow disk); past it the check fails instead of hanging."""
+
+
 @dataclass(frozen=True, slots=True)
 class Check:
     name: str
@@ -205,7 +210,7 @@ def _engine(python: Path, run: Callable[..., Any] = subprocess.run) -> list[Chec
             [str(python), "-c", _PROBE],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=ENGINE_PROBE_TIMEOUT_S,
             env=env,
             cwd=python.parent,
         )
@@ -218,9 +223,21 @@ def _engine(python: Path, run: Callable[..., Any] = subprocess.run) -> list[Chec
         if found.get("torch")
         else "no torch"
     )
-    checks = [
-        Check("engine python", OK, f"{found['python']} at {python}; {torch_text}; numpy {found.get('numpy')}")
-    ]
+    detail = f"{found['python']} at {python}; {torch_text}; numpy {found.get('numpy') or 'missing'}"
+    # The trainer the engine spawns imports both in that Python: without either, every run ends at once.
+    missing = [name for name in ("torch", "numpy") if not found.get(name)]
+    if missing:
+        errors = "; ".join(f"{name}: {found.get(name + '_error') or 'not found'}" for name in missing)
+        return [
+            Check(
+                "engine python",
+                FAIL,
+                f"{detail} ({' and '.join(missing)} cannot be imported there: {errors})",
+                "let the editor finish setting up its Python (Learning Agents plugins enabled, editor restarted "
+                f"once), or install them into it: {python} -m pip install {' '.join(missing)}",
+            )
+        ]
+    checks = [Check("engine python", OK, detail)]
     if found.get("trainer"):
         checks.append(Check("engine la-trainer", OK, f"{found['trainer']} importable in the engine's Python"))
     else:

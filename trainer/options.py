@@ -73,10 +73,13 @@ OTHER_ENVIRONMENT_NAMES: dict[str, str] = {
     "LA_TRAINER_ENGINE_TRAIN_PY": "the engine's own train.py for hand-over (docs/unreal-install.md)",
     "LA_TRAINER_HANDED_OVER": "set by the hand-over to the engine's own train.py",
     "LA_TRAINER_VENV": "scripts/setup_env.sh: where the virtual environment goes",
+    "LA_TRAINER_TORCH": "scripts/setup_env.sh: the torch build to install first (cpu, cu126, ...)",
+    "LA_TRAINER_ENGINE_VENV": "scripts/test_engine_torch.sh: where the engine-torch environment goes",
     "LA_TRAINER_FUZZ_EXAMPLES": "tests/faults/test_fuzz.py: examples per decoder",
 }
 """``LA_TRAINER_*`` variables that are not options but are read elsewhere (so they draw no warning). A test
-checks that every ``LA_TRAINER_`` name in the source is an option, an alias or listed here."""
+checks that every ``LA_TRAINER_`` name in the source, the scripts and the documentation is an option, an
+alias or listed here: one set in the shell for ``scripts/setup_env.sh`` is still set when la-trainer runs."""
 
 
 class OptionError(LaunchError):

@@ -62,6 +62,22 @@ def test_the_engine_python_is_probed_without_our_path(tmp_path: Path) -> None:
     assert checks[1].verdict == "note" and "install-engine" in checks[1].fix
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for the engine's python3")
+def test_an_engine_python_without_torch_and_numpy_is_not_ready(tmp_path: Path) -> None:
+    """The probe really runs the engine's Python: here this interpreter without its site-packages (-S),
+    a Python with neither torch nor numpy, as a PipInstall the editor never finished (before: "Ready to
+    train", with "no torch" in the detail)."""
+    python = doctor.engine_python(tmp_path)
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n', encoding="utf-8")
+    python.chmod(0o755)
+    result = CliRunner().invoke(doctor.doctor_command, ["--project", str(tmp_path)])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "Ready to train" not in result.output and "Not ready: engine python." in result.output
+    assert "torch and numpy cannot be imported there" in result.output
+    assert f"{python} -m pip install torch numpy" in result.output
+
+
 def test_doctor_fails_for_a_project_without_the_engine_python(tmp_path: Path) -> None:
     result = CliRunner().invoke(doctor.doctor_command, ["--project", str(tmp_path)])
     assert result.exit_code == ExitCode.USAGE, result.output

@@ -187,3 +187,19 @@ def test_every_la_trainer_variable_the_code_reads_is_known() -> None:
             for text in _string_constants(path):
                 used |= set(re.findall(r"\bLA_TRAINER_[A-Z0-9_]*[A-Z0-9]\b", text))
     assert used - known == set()
+
+
+def test_every_la_trainer_variable_the_scripts_and_docs_name_is_known() -> None:
+    """A variable the set-up scripts read (LA_TRAINER_TORCH, LA_TRAINER_VENV) is often still set in the
+    shell that then runs la-trainer: it must not be warned about as a misspelt option."""
+    known = (
+        {env_name(n) for n in option_names()} | {env_name(a) for a in ALIASES} | set(OTHER_ENVIRONMENT_NAMES)
+    )
+    files = [REPO / "README.md", REPO / "Dockerfile", *(REPO / "docs").rglob("*.md")]
+    files += [path for path in (REPO / "scripts").iterdir() if path.suffix in (".sh", ".ps1")]
+    named: set[str] = set()
+    for path in files:
+        named |= set(re.findall(r"\bLA_TRAINER_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    assert "LA_TRAINER_TORCH" in named  # the scan sees scripts/setup_env.sh
+    assert named - known == set()
+    assert unknown_environment_names({"LA_TRAINER_TORCH": "cu126", "LA_TRAINER_VENV": "/opt/venv"}) == []
