@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from protocol.snapshot import read_snapshot
 from trainer.data import TrainingData
 from trainer.heldout import (
     SAMPLES_PER_ROW,
+    HeldOutMetrics,
+    HeldOutRound,
     energy_distance,
     energy_score,
     heldout_episode_count,
@@ -215,3 +218,50 @@ def test_nothing_held_out_means_byte_identical_training(options: TrainerOptions)
     left, right = plain.model.state_dict(), other.model.state_dict()
     assert left.keys() == right.keys()
     assert all(torch.equal(left[k], right[k]) for k in left)
+
+
+# --------------------------------------------------------------------------------------------------
+# heldout_send_best
+
+
+def _metrics(iteration: int, score: float) -> HeldOutMetrics:
+    return HeldOutMetrics(iteration, 1.0, score, 0.1, 0.1, (0.1, 0.1), 0.5, 0.5, 0.0)
+
+
+@pytest.mark.parametrize("send_best", [False, True])
+def test_the_best_networks_go_out_only_when_asked(send_best: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = _job(replace(BASE, heldout_share=0.2, heldout_min_episodes=50, heldout_send_best=send_best))
+    assert job.heldout is not None
+    scores = iter([0.5, 0.3, 0.4])  # the second measurement is the best, the last is worse
+    monkeypatch.setattr(job.heldout, "evaluate", lambda model, it: _metrics(it, next(scores)))
+    exports = iter([{0: "first"}, {0: "best"}, {0: "unused"}])
+    monkeypatch.setattr(job, "export", lambda: next(exports))
+    written: list[tuple[int, bool]] = []
+    runlog = SimpleNamespace(
+        heldout=lambda it, record, scalars, best: written.append((it, best)),
+        heldout_actions=lambda value: None,
+    )
+    reporter = SimpleNamespace(note="")
+    round_ = HeldOutRound(job, runlog, reporter)  # type: ignore[arg-type]
+    for iteration in (10, 20, 30):
+        round_.measure(iteration)
+    assert written == [(10, True), (20, True), (30, False)]
+    assert reporter.note == "held-out ES 0.400 cov 0.50"
+    last = {0: "last"}
+    expected = {0: "best"} if send_best else last
+    assert round_.final_networks(last) == expected  # type: ignore[arg-type]
+
+
+def test_the_last_measurement_being_the_best_sends_the_last_networks(monkeypatch: pytest.MonkeyPatch) -> None:
+    job = _job(replace(BASE, heldout_share=0.2, heldout_min_episodes=50, heldout_send_best=True))
+    assert job.heldout is not None
+    scores = iter([0.5, 0.3])
+    monkeypatch.setattr(job.heldout, "evaluate", lambda model, it: _metrics(it, next(scores)))
+    monkeypatch.setattr(job, "export", lambda: {0: "snapshot"})
+    runlog = SimpleNamespace(heldout=lambda *a, **k: None, heldout_actions=lambda value: None)
+    round_ = HeldOutRound(job, runlog, SimpleNamespace(note=""))  # type: ignore[arg-type]
+    round_.measure(10)
+    round_.measure(10)  # once per iteration: no second measurement
+    round_.measure(20)
+    last = {0: "last"}
+    assert round_.final_networks(last) is last  # type: ignore[arg-type]
