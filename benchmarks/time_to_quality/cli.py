@@ -21,9 +21,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from benchmarks.time_to_quality.ceiling import ideal_sampler_rows
 from benchmarks.time_to_quality.report import ablation_table, encoder_check, load_rows, study_rows, time_table
 from benchmarks.time_to_quality.run import commit, train_and_evaluate
-from benchmarks.time_to_quality.tasks import TASKS, Target
+from benchmarks.time_to_quality.sweep import main_sweep
+from benchmarks.time_to_quality.tasks import B2_EPISODES, TASKS, Target
 from benchmarks.time_to_quality.variants import ENGINE_LOOP, parse_variant
 
 __all__ = ["main"]
@@ -131,6 +133,30 @@ def _import_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ceiling(args: argparse.Namespace) -> int:
+    rows = ideal_sampler_rows(args.seeds, args.eval_seed, episodes=args.episodes)
+    with Path(args.out).open("a", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    for row in rows:
+        m = row["metrics"]
+        print(
+            f"b2 seed {row['seed']} resolution {row['resolution']:g}: success {m['success']:.3f}, "
+            f"entropy {m['entropy']:.3f}"
+        )
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    return main_sweep(
+        Path(args.out),
+        args.workers,
+        args.deadline,
+        args.commit or commit(),
+        args.tasks or None,
+        smoke_iterations=args.smoke_iterations,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.time_to_quality", description=__doc__.split("\n")[0]
@@ -163,8 +189,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     study = sub.add_parser("import-study", help="the research study's ablation.jsonl in this row format")
     study.add_argument("path")
     study.add_argument("--out", required=True)
+    ceiling = sub.add_parser(
+        "ceiling", help="B2's ideal-sampler ceiling (benchmarks.time_to_quality.ceiling)"
+    )
+    ceiling.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ceiling.add_argument("--eval-seed", type=int, default=REPORT_EVAL_SEED)
+    ceiling.add_argument("--episodes", type=int, default=B2_EPISODES)
+    ceiling.add_argument("--out", required=True)
+    sweep = sub.add_parser("sweep", help="issue 23's tuning, choice and report runs in parallel processes")
+    sweep.add_argument(
+        "--out", required=True, help="folder for tune.jsonl, report.jsonl, ceiling.jsonl, sweep.log"
+    )
+    sweep.add_argument("--workers", type=int, default=15)
+    sweep.add_argument("--deadline", type=float, default=520.0, help="seconds; runs still going are ended")
+    sweep.add_argument(
+        "--commit", default="", help="stamp for rows whose checkout has no git (default: this one)"
+    )
+    sweep.add_argument("--tasks", nargs="*", default=[], help="keep only these tasks' runs (a smoke check)")
+    sweep.add_argument("--smoke-iterations", type=int, default=0, help="> 0: every run this short (a check)")
     args = parser.parse_args(argv)
-    commands = {"run": _run, "table": _table, "import-study": _import_study}
+    commands = {
+        "run": _run,
+        "table": _table,
+        "import-study": _import_study,
+        "ceiling": _ceiling,
+        "sweep": _sweep,
+    }
     return commands[args.command](args)
 
 

@@ -180,6 +180,7 @@ def train_and_evaluate(
         "chunk": f"{task.chunk}/{task.execute}",
         "nfe": NFE,
         "eval_seed": eval_seed,
+        "eval_episodes": task.eval_episodes,
         "targets": [str(t) for t in task.targets],
         "evals": evals,
         "target_it": None if first is None else first["it"],

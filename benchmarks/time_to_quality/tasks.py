@@ -20,7 +20,7 @@ from emulator.tasks import Demonstrations, Policy, avoid, bimodal, pendulum, sen
 from protocol.engine.chunks import ChunkLayout
 from protocol.schema import parse_schema
 
-__all__ = ["NFE", "TASKS", "Target", "TaskDef", "engine_policy", "meets"]
+__all__ = ["B2_EPISODES", "NFE", "TASKS", "Target", "TaskDef", "engine_policy", "meets"]
 
 NFE = 8
 """Euler steps of every evaluation: the engine's default ODEStepsNum (spec §4.3)."""
@@ -60,6 +60,8 @@ class TaskDef:
     hidden_layer_size: int = 128
     batch_size: int = 256
     embed: bool = True
+    eval_episodes: int = 0
+    """Closed-loop episodes per evaluation (0: the task's fixed evaluation set, e.g. B1's observations)."""
 
     @property
     def chunk_layout(self) -> ChunkLayout:
@@ -73,9 +75,15 @@ def _b1(policy: Policy, seed: int) -> dict[str, float]:
     return {k: float(m[k]) for k in ("on_mode", "both_modes_covered", "balance_err", "mmd")}
 
 
+B2_EPISODES = 1_000
+"""Closed-loop episodes per B2 (and demo) evaluation: a route entropy over the emulator's default 200
+episodes moves by a few hundredths between evaluation draws of one policy, which is the size of the
+differences the benchmark decides on (issue 23 asks for >= 1,000 per seed)."""
+
+
 def _b2(execute: int) -> Callable[[Policy, int], dict[str, float]]:
     def evaluate(policy: Policy, seed: int) -> dict[str, float]:
-        m = avoid.evaluate_policy(policy, seed, rollout_num=avoid.EVAL_ROLLOUT_NUM, execute=execute)
+        m = avoid.evaluate_policy(policy, seed, rollout_num=B2_EPISODES, execute=execute)
         out = {k: float(m[k]) for k in ("success", "entropy", "collision")}
         out.update({f"mode/{name}": float(m[f"mode/{name}"]) for name in avoid.MODE_NAMES})
         return out
@@ -102,7 +110,7 @@ def _sensors_score(policy: Policy, seed: int) -> dict[str, float]:
 
 
 _B1_TARGETS = (Target("on_mode", 0.95), Target("both_modes_covered", 0.99))
-_B2_TARGETS = (Target("success", 0.95), Target("entropy", 0.95))
+_B2_TARGETS = (Target("success", 0.95), Target("entropy", 0.88))
 _SCORE_TARGET = (Target("score", 0.98),)
 
 TASKS: Mapping[str, TaskDef] = {
@@ -131,6 +139,7 @@ TASKS: Mapping[str, TaskDef] = {
             eval_every=2_500,
             chunk=8,
             execute=4,
+            eval_episodes=B2_EPISODES,
         ),
         TaskDef(
             "b3",
@@ -159,6 +168,7 @@ TASKS: Mapping[str, TaskDef] = {
             execute=4,
             hidden_layer_num=2,
             hidden_layer_size=256,
+            eval_episodes=B2_EPISODES,
         ),
         TaskDef(
             "b4",
