@@ -353,3 +353,30 @@ def test_a_flow_matching_run_of_a_half_install_ends_with_one_line_naming_what_is
     assert modules in lines[0] and "la-trainer install-engine" in lines[0], output
     assert "Traceback" not in output and lines[0].isascii()
     assert not (tmp_path / "stand-in.json").exists()  # a FlowMatching run is never handed over
+
+
+def test_under_scale_out_another_method_is_handed_over_without_torchrun(
+    layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    """LA_TRAINER_NPROC_PER_NODE=2 used to send every run through torchrun, whose ranks cannot hand a run
+    over (exit 7): the method is now read from the config file before torchrun would start."""
+    config, snapshots = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
+    task_dir = make_task_dir(layout.intermediate_dir)
+    game = ShmGame.create(task_dir / "Configs", timeout=EXIT_BOUND_S)
+    argv = shared_memory_command(layout, "Training", task_dir, game.controls_guid)
+    env = {**_env(tmp_path), "LA_TRAINER_NPROC_PER_NODE": "2"}
+    proc = TrainerProcess(argv, cwd=layout.root, env=env)
+    try:
+        game.process_alive = proc.alive
+        game.begin(config, before_signal=_method("PPO"))
+        game.send_network(0, snapshots[0])
+        code = proc.wait(EXIT_BOUND_S)
+        output = proc.output()
+    finally:
+        proc.close()
+        game.close()
+    assert code == 0, output
+    seen = json.loads((tmp_path / "stand-in.json").read_text())
+    assert seen["method"] == "PPO" and seen["pid"] == proc.pid and seen["network_0_taken"] is True
+    assert seen["controls_found"][3] == 1
+    assert "scale-out: 2 processes" not in output, output  # no rank ever started

@@ -100,3 +100,50 @@ def test_the_engine_spawned_drop_in_reexecutes_under_torchrun(tmp_path: Path) ->
     assert record.exit_code == 0 and record.completed, record.describe()
     assert any("scale-out: 2 processes" in line for line in record.log), record.describe()
     assert record.leaked_shm == ()
+
+
+def _spawned_scale_out(
+    tmp_path: Path, env: dict[str, str], *, guid: str | None = None, post_config: bool = True
+) -> tuple[int | None, str]:
+    """The engine spawning the drop-in with LA_TRAINER_NPROC_PER_NODE=2; its exit code and output."""
+    task = EngineTask.benchmark("bimodal", size=48, seed=0)
+    layout = EngineLayout.create(tmp_path / "engine")
+    config, _ = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
+    task_dir = make_task_dir(layout.intermediate_dir)
+    (layout.intermediate_dir / "la-trainer.json").write_text(env.pop("SETTINGS", "{}"), encoding="utf-8")
+    game = ShmGame.create(task_dir / "Configs", timeout=SESSION_BOUND_S)
+    argv = shared_memory_command(layout, "Training", task_dir, guid or game.controls_guid)
+    proc = TrainerProcess(
+        argv,
+        cwd=layout.root,
+        env={**os.environ, "LA_TRAINER_NPROC_PER_NODE": "2", "LA_TRAINER_THREADS": "1", **env},
+    )
+    try:
+        game.process_alive = proc.alive
+        if post_config:
+            game.begin(config)
+        code = proc.wait(SESSION_BOUND_S)
+        output = proc.output()
+    finally:
+        proc.close()
+        game.close()
+    return code, output
+
+
+WRONG_INPUTS = {
+    # Checked before torchrun starts (they used to come out of torchrun as 1 with its traceback).
+    "bad-settings-file": ({"SETTINGS": "{ not json"}, None, "la-trainer.json"),
+    "missing-control-block": ({}, "{0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0}", "control block"),
+    # Refused by each rank under torchrun: the rank's code comes out of the job.
+    "bad-rank-setting": ({"LA_TRAINER_DIST_STALL_SECONDS": "-1"}, None, "LA_TRAINER_DIST_STALL_SECONDS"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_INPUTS))
+def test_wrong_inputs_of_an_engine_spawned_scale_out_end_with_their_exit_code(
+    case: str, tmp_path: Path
+) -> None:
+    env, guid, named = WRONG_INPUTS[case]
+    code, output = _spawned_scale_out(tmp_path, dict(env), guid=guid)
+    assert code == 2, output  # ExitCode.USAGE, as without scale-out
+    assert named in output and "Traceback" not in output and "ChildFailedError" not in output, output

@@ -481,7 +481,7 @@ def test_nproc_reexecutes_under_torchrun(clean_env: pytest.MonkeyPatch) -> None:
     assert seen["argv"] == [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "trainer.dropin.torchrun",  # torchrun, ending with the ranks' documented exit code
         "--standalone",
         "--nproc-per-node",
         "2",

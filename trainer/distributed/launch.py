@@ -20,6 +20,7 @@ from trainer.distributed.environment import (
 )
 from trainer.distributed.rank import run_rank
 from trainer.dropin import reexec_under_torchrun, torchrun_command
+from trainer.dropin.torchrun import record_exit
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
 
@@ -27,8 +28,15 @@ __all__ = ["main", "torchrun_command"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m trainer.distributed <engine argv>`` (under torchrun, or launching it)."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    """``python -m trainer.distributed <engine argv>`` (under torchrun, or launching it). Under the
+    engine-spawned scale-out each rank records its exit code for the launcher (:mod:`trainer.dropin.torchrun`),
+    which ends with it instead of torchrun's 1."""
+    code = _main(list(sys.argv[1:] if argv is None else argv))
+    record_exit(code)
+    return code
+
+
+def _main(args: list[str]) -> int:
     try:
         env = DistEnv.from_environ(os.environ)
         nproc = env_int(os.environ, ENV_NPROC, 1)

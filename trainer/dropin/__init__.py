@@ -62,10 +62,11 @@ def scale_out_requested(environ: Mapping[str, str]) -> bool:
 
 
 def torchrun_command(argv: Sequence[str], nproc: int, extra: Sequence[str] = ()) -> list[str]:
-    """``python -m torch.distributed.run [EXTRA | --standalone] --nproc-per-node N -m trainer.distributed
-    ARGV``."""
+    """``python -m trainer.dropin.torchrun [EXTRA | --standalone] --nproc-per-node N -m trainer.distributed
+    ARGV``: torchrun's own arguments, run by :mod:`trainer.dropin.torchrun`, which ends with the ranks'
+    documented exit code (torchrun alone ends every failure with 1 and a traceback)."""
     launch = list(extra) if extra else ["--standalone"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", *launch, "--nproc-per-node", str(nproc)]
+    torchrun = [sys.executable, "-m", "trainer.dropin.torchrun", *launch, "--nproc-per-node", str(nproc)]
     return [*torchrun, "-m", "trainer.distributed", *argv]
 
 
