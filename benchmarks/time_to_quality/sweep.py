@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CANDIDATES", "Job", "choose", "main_sweep", "plan_report", "plan_tuning"]
+__all__ = ["CANDIDATES", "Job", "choose", "main_sweep", "plan_report", "plan_tuning", "plan_winner"]
 
 TUNE_SEEDS = (100, 101)
 REPORT_SEEDS = (0, 1, 2)
@@ -110,8 +110,9 @@ def plan_tuning() -> list[Job]:
 
 
 def plan_report() -> list[Job]:
-    """The report rows that do not depend on the winner: the default and the engine loop at lr 1e-3 and
-    1e-4 (B1, B3 over three evaluation draws; B2 over one, at its budget), B4 with its flat twin, the demo."""
+    """The report rows that do not depend on the winner: the default and the engine loop at lr 1e-3 (B1 and
+    B3 over three evaluation draws, the ratios' rows) and 1e-4 (one draw), B2 at both rates, B4 with its
+    flat twin, the demo."""
     jobs: list[Job] = []
     for seed in REPORT_SEEDS:
         for task in ("b1", "b3"):
@@ -119,9 +120,11 @@ def plan_report() -> list[Job]:
                 jobs += [
                     Job("report", task, "default", 1e-3, seed, eval_seed),
                     Job("report", task, "engine-loop", 1e-3, seed, eval_seed, reference_factor=4),
-                    Job("report", task, "default", 1e-4, seed, eval_seed),
-                    Job("report", task, "engine-loop", 1e-4, seed, eval_seed, reference_factor=2),
                 ]
+            jobs += [
+                Job("report", task, "default", 1e-4, seed, REPORT_EVALS[0]),
+                Job("report", task, "engine-loop", 1e-4, seed, REPORT_EVALS[0], reference_factor=2),
+            ]
         jobs += [
             Job("report", "b2", "default", 1e-3, seed, REPORT_EVALS[0]),
             Job("report", "b2", "engine-loop", 1e-3, seed, REPORT_EVALS[0]),
