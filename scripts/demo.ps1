@@ -3,7 +3,8 @@
 # and the tested versions (setup_env.ps1), and runs the demo. Arguments go to `la-trainer demo` (e.g. --quick).
 # Not run on Windows by this project's CI (which is Linux): tests/test_powershell_scripts.py parses it.
 $ErrorActionPreference = "Stop"
+$Arguments = $args  # taken before dot-sourcing, which runs another script in this scope
 $Extras = "plots"
 . (Join-Path $PSScriptRoot "setup_env.ps1")
-& $Python -m trainer demo @args
+& $Python -m trainer demo @Arguments
 exit $LASTEXITCODE

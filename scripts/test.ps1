@@ -4,11 +4,12 @@
 # there need the Windows transport paths that are only unit-tested on Linux (docs/unreal-install.md);
 # tests/test_powershell_scripts.py parses this script.
 $ErrorActionPreference = "Stop"
+$Arguments = $args  # taken before dot-sourcing, which runs another script in this scope
 $Extras = "dev,plots"
 . (Join-Path $PSScriptRoot "setup_env.ps1")
 & $Python -m ruff check .
 if ($LASTEXITCODE -ne 0) { exit $LASTEXITCODE }
 & $Python -m mypy protocol trainer emulator benchmarks scripts
 if ($LASTEXITCODE -ne 0) { exit $LASTEXITCODE }
-& $Python -m pytest @args
+& $Python -m pytest @Arguments
 exit $LASTEXITCODE

@@ -277,7 +277,8 @@ def test_script_parses_with_the_powershell_grammar(script: Path) -> None:
 
 
 def test_dot_sourced_scripts_exist_and_get_what_they_read() -> None:
-    """demo.ps1 and test.ps1 dot-source setup_env.ps1, which reads $Extras: each sets it first."""
+    """demo.ps1 and test.ps1 dot-source setup_env.ps1, which reads $Extras: each sets it first, and takes
+    its own arguments before."""
     dot_source = re.compile(r'^\.\s+\(Join-Path \$PSScriptRoot "([^"]+)"\)', re.MULTILINE)
     users = 0
     for script in SCRIPTS:
@@ -289,6 +290,8 @@ def test_dot_sourced_scripts_exist_and_get_what_they_read() -> None:
                 assert re.search(r'^\$Extras = "[a-z,]+"$', text[: match.start()], re.MULTILINE), (
                     f"{script.name} dot-sources setup_env.ps1 before setting $Extras"
                 )
+            # A dot-sourced script runs in this scope with its own $args: the caller keeps a copy first.
+            assert "$args" not in text[match.end() :], f"{script.name} reads $args after dot-sourcing"
     assert users >= 2
 
 
