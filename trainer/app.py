@@ -339,13 +339,16 @@ def open_link_for_launch(
     *,
     engine_spawned: bool = False,
     serve: bool = False,
+    accepted: tuple[socket.socket, bytes] | None = None,
 ) -> TrainerLink:
     """The trainer link that the engine's launch arguments describe.
 
     ``engine_spawned``: the engine started this process (the drop-in ``train.py``), so it is watched
     (:mod:`trainer.transport.liveness`) and waits on it have no bound; otherwise (``la-trainer shm`` and
     ``socket``, attach mode) waits the game's liveness cannot be seen by are bounded by ``Timeouts.wait``.
-    ``serve``: a link that serves session after session (:func:`serve_sessions`).
+    ``serve``: a link that serves session after session (:func:`serve_sessions`). ``accepted``: the
+    game's socket connection and the bytes read from it, when the drop-in accepted it to read the config
+    first (:mod:`trainer.dropin.relay`).
     """
     mode = args.mode
     if isinstance(mode, SharedMemoryArgs):
@@ -386,16 +389,24 @@ def open_link_for_launch(
             peer_alive=parent_watch() if engine_spawned else None,
             interrupted=interrupt.is_set if interrupt is not None else None,
             serve=serve,
+            accepted=accepted,
         )
     raise LaunchError(f"Unknown transport in the launch arguments: {mode!r}.")
 
 
-def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None) -> int:
+def engine_main(
+    argv: Sequence[str],
+    *,
+    runner: Callable[..., int] | None = None,
+    accepted: tuple[socket.socket, bytes] | None = None,
+) -> int:
     """The engine's ``train.py`` (the drop-in, :mod:`trainer.dropin`): its command line, verbatim (spec
     §1.2-1.4).
 
     ``runner`` (default :func:`run_with_link`) is called as ``runner(open_link, options=, task_dir=)`` once
-    the command line and options are valid; :mod:`trainer.distributed` uses it on rank 0.
+    the command line and options are valid; :mod:`trainer.distributed` uses it on rank 0. ``accepted``:
+    the game's socket connection, already accepted and its config read by the drop-in
+    (:func:`trainer.dropin.socket_front`).
     """
     use_utf8_output()
     try:
@@ -463,7 +474,7 @@ def engine_main(argv: Sequence[str], *, runner: Callable[..., int] | None = None
         return int(ExitCode.USAGE)
 
     def open_link(flag: InterruptFlag) -> TrainerLink:
-        link = open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True)
+        link = open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True, accepted=accepted)
         if spawned_shm:
             _keep_flow_matching(link, task_dir if options.status_file else None, target, no_target)
         return link

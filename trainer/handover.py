@@ -16,12 +16,15 @@ script (``la-trainer install-engine``, ``-LearningAgentsEnginePath``), its other
   the engine would see as a dead trainer): the script runs as our child with our output handles, and we
   return its exit code; the engine's Terminate ends the whole tree. The engine does not wait for the
   config acknowledgement (spec §2.4), so the original sees the session as from its start.
-* **Socket**: no hand-over after the config is read: the engine connects once, right after spawning us,
-  and the method arrives only inside the config on that connection, which the engine's ``train.py`` (a
-  listener itself) cannot adopt. So the decision comes from ``-m`` before we bind: a module that is neither
-  the engine's default (``learning_core.train_behavior_cloning``, which flow-matching call sites send too,
-  spec §1.6) nor the flow-matching one is handed over before anything is opened; a config that turns out
-  not to be FlowMatching fails fast, naming the method and what to do (:func:`socket_refusal`).
+* **Socket**: the engine connects once, right after spawning us, and the method arrives only inside the
+  config on that connection. A ``-m`` that is neither the engine's default
+  (``learning_core.train_behavior_cloning``, which flow-matching call sites send too, spec §1.6) nor the
+  flow-matching one is handed over before anything is opened. For those two the drop-in accepts the
+  connection and reads the config first (:mod:`trainer.dropin.relay`): another method is relayed to the
+  engine's script (which cannot adopt our connection: it runs as our child on a loopback port, and we copy
+  the bytes both ways); FlowMatching stays with la-trainer's link, which adopts the connection. Where that
+  cannot happen (no engine script found, a scale-out job, ``la-trainer socket``) a config that is not
+  FlowMatching fails fast, naming the method and what to do (:func:`socket_refusal`).
 
 Where the engine's ``train.py`` is: ``LA_TRAINER_ENGINE_TRAIN_PY`` (the install-engine shim sets it from
 its record), else beside the NNE plugin the engine names with ``--nne-cpu-path``
@@ -144,15 +147,17 @@ def socket_hands_over(trainer_module: str | None) -> bool:
 
 
 def socket_refusal(method: str) -> Unsupported:
-    """The error for a socket run whose config is not FlowMatching: what happened and what to do."""
+    """The error for a socket run whose config is not FlowMatching and that la-trainer could not relay to
+    the engine's own script: what happened and what to do."""
     return Unsupported(
-        f"TrainerMethod is {method!r}, but la-trainer trains only FlowMatching, and over a socket the run "
-        "cannot be handed to the engine's own train.py (the game is already connected to this process). "
-        "For that call site either run the engine's trainer (set its process settings' "
-        "EditorEngineRelativePath/NonEditorEngineRelativePath back to the engine, or do not pass "
-        "-LearningAgentsEnginePath), or give it a TrainerFileName other than "
-        f"{ENGINE_DEFAULT_MODULE} and {FLOW_MATCHING_MODULE} (e.g. learning_core.train_ppo): la-trainer then "
-        "hands it over before listening. See docs/unreal-install.md, 'Other trainers'."
+        f"TrainerMethod is {method!r}, but la-trainer trains only FlowMatching, and this socket session could "
+        "not be relayed to the engine's own train.py (it was not found, or the run is a scale-out job "
+        f"under LA_TRAINER_NPROC_PER_NODE, or a `la-trainer socket` server). Set {ENV_ENGINE_TRAIN_PY} to the "
+        "engine's Plugins/Experimental/LearningCore/Content/Python/train.py, or give that call site a "
+        f"TrainerFileName other than {ENGINE_DEFAULT_MODULE} and {FLOW_MATCHING_MODULE} (e.g. "
+        "learning_core.train_ppo; la-trainer then hands it over before listening, also under scale-out), or "
+        "run the engine's trainer for it (set its process settings' EditorEngineRelativePath/"
+        "NonEditorEngineRelativePath back to the engine). See docs/unreal-install.md, 'Other trainers'."
     )
 
 

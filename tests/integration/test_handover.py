@@ -80,6 +80,17 @@ else:
     host, port = sys.argv[sys.argv.index("Socket") + 1].rsplit(":", 1)
     listener = __import__("socket").create_server((host, int(port)))  # the port is still free
     out["listened"] = True
+    if os.environ.get("STAND_IN_SERVE"):
+        # The engine's trainer over a socket (spec 3): the config first, then what the game sends unasked;
+        # it ends the session with Complete (5) and reads until the game closes the connection.
+        conn, _ = listener.accept()
+        stream = conn.makefile("rb")
+        out["first_signal"] = stream.read(1)[0]
+        size = struct.unpack("<i", stream.read(4))[0]
+        out["method"] = json.loads(stream.read(size))["TrainerSettings"]["TrainerMethod"]
+        conn.sendall(bytes([5]))
+        out["after_config"] = len(stream.read())
+        conn.close()
     listener.close()
 with open(os.environ["STAND_IN_OUT"], "w") as f:
     json.dump(out, f)
@@ -208,28 +219,62 @@ def test_a_socket_run_for_another_module_is_handed_over_before_anything_is_bound
     assert seen["argv"] == argv[2:] and seen["pid"] == proc.pid and seen["listened"] is True
 
 
-def test_a_socket_run_whose_config_is_not_flow_matching_fails_fast_and_says_what_to_do(
-    layout: EngineLayout, task: EngineTask, tmp_path: Path
-) -> None:
+def _socket_session(
+    layout: EngineLayout, task: EngineTask, tmp_path: Path, method: str, env: dict[str, str]
+) -> tuple[int | None, str, object, int]:
+    """A socket session with the engine's default -m and a ``method`` config: the trainer's exit code and
+    output, what the game got back first (network 0 or Completed), and the network's size."""
     from dataclasses import replace
 
     from emulator.game import SocketGame
+    from emulator.game.common import EngineFailure
 
-    config, _ = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
-    config = replace(config, trainer=replace(config.trainer, trainer_method="BehaviorCloning"))
+    config, snapshots = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
+    config = replace(config, trainer=replace(config.trainer, trainer_method=method))
     port = free_tcp_port()
     argv = socket_command(layout, "Training", "127.0.0.1", port)  # the engine's default -m
-    proc = TrainerProcess(argv, cwd=layout.root, env=_env(tmp_path))
+    proc = TrainerProcess(argv, cwd=layout.root, env=env)
     try:
         game = SocketGame.connect("127.0.0.1", port, timeout=EXIT_BOUND_S, process_alive=proc.alive)
+        answer: object
         try:
             game.begin(config)
-            code = proc.wait(EXIT_BOUND_S)
+            game.send_network(0, snapshots[0])  # unasked, as the engine does after its config
+            answer = game.receive_network(0)
+        except EngineFailure as failure:  # the trainer ended the session (a refusal)
+            answer = failure
         finally:
             game.close()
+        code = proc.wait(EXIT_BOUND_S)
         output = proc.output()
     finally:
         proc.close()
+    return code, output, answer, len(snapshots[0])
+
+
+def test_a_socket_run_of_another_method_with_the_default_module_is_relayed_to_the_engine_script(
+    layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    """The engine's default -m is what flow-matching call sites send too, so only the config tells: the
+    drop-in reads it, then relays the session (the config, then everything both ways) to the engine's
+    script. It used to end with exit 7 although the install message said such runs are handed over."""
+    from emulator.game.common import COMPLETED
+
+    env = {**_env(tmp_path), "STAND_IN_SERVE": "1"}
+    code, output, answer, network_size = _socket_session(layout, task, tmp_path, "BehaviorCloning", env)
+    assert code == 0, output
+    assert answer is COMPLETED, output  # the script's Complete reached the game through the relay
+    seen = json.loads((tmp_path / "stand-in.json").read_text())
+    assert seen["first_signal"] == 1 and seen["method"] == "BehaviorCloning"
+    assert seen["after_config"] == 1 + 4 + network_size  # SendNetwork 0, byte for byte
+    assert seen["handed_over"] == "1" and "Traceback" not in output
+
+
+def test_a_socket_run_of_another_method_without_an_engine_script_fails_fast_and_says_what_to_do(
+    layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    layout.engine_train_py.unlink()
+    code, output, _, _ = _socket_session(layout, task, tmp_path, "BehaviorCloning", _env(tmp_path))
     assert code == ExitCode.UNSUPPORTED, output
     assert "'BehaviorCloning'" in output and "TrainerFileName" in output and "Traceback" not in output
     assert not (tmp_path / "stand-in.json").exists()

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from protocol.argv import LaunchArgs
+    from trainer.dropin.relay import ConfigRead
 
 __all__ = [
     "ENV_ENGINE_PID",
@@ -38,6 +39,7 @@ __all__ = [
     "main",
     "reexec_under_torchrun",
     "scale_out_requested",
+    "socket_front",
     "torchrun_command",
 ]
 
@@ -111,6 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return decided
         if nproc > 1:
             return reexec_under_torchrun(args, nproc)
+        front = socket_front(args)
+        if isinstance(front, int):
+            return front
+        if front is not None:
+            from trainer.app import engine_main
+
+            return engine_main(args, accepted=(front.connection, front.received))
     if scale_out_requested(os.environ):
         from trainer.distributed.launch import main as scale_out
 
@@ -180,6 +189,12 @@ def decide_before_training(argv: Sequence[str], nproc: int) -> int | None:
     refused = _check_launch_inputs(launch)
     if refused is not None:
         return refused
+    if isinstance(mode, SocketArgs) and missing and nproc == 1:
+        front = socket_front(argv)
+        if isinstance(front, int):
+            return front  # handed over (or the game went first)
+        if front is not None:
+            front.connection.close()  # a FlowMatching config: said below
     if isinstance(mode, SharedMemoryArgs) and not mode.create_mem and mode.controls_guid:
         from trainer.dropin.method import engine_watch, wait_for_method
 
@@ -276,3 +291,54 @@ def _check_control_block(controls_guid: str) -> None:
             f"the engine's control block {name!r} (-g {controls_guid}) does not exist: the game that "
             "spawned the trainer is gone, or the GUID is not the one it created."
         )
+
+
+def socket_front(argv: Sequence[str]) -> int | ConfigRead | None:
+    """Engine-spawned socket run with la-trainer's ``-m`` (the engine default, which flow-matching call
+    sites send too, or the flow-matching module): accept the game's connection and read its config
+    first (:mod:`trainer.dropin.relay`). Another method is relayed to the engine's own ``train.py`` (its
+    exit code is returned); a FlowMatching config comes back with the connection for la-trainer's link.
+    None when there is nothing to decide here (another transport, a bad command line, no engine script to
+    hand to: la-trainer's link then listens itself and refuses another method with exit 7).
+    """
+    from protocol.argv import SocketArgs, parse_launch_argv
+    from protocol.errors import ArgvError
+    from trainer.dropin.method import engine_watch
+    from trainer.dropin.relay import GameGone, read_game_config, relay_hand_over
+    from trainer.exitcodes import ExitCode
+    from trainer.handover import FLOW_MATCHING, engine_train_py, socket_hands_over
+
+    try:
+        launch = parse_launch_argv(list(argv))
+    except ArgvError:
+        return None
+    mode = launch.mode
+    if not isinstance(mode, SocketArgs) or socket_hands_over(launch.trainer_module):
+        return None  # another transport, or an -m that is handed over before anything is bound
+    target, _ = engine_train_py(launch.nne_cpu_path, sys.argv[0])
+    if target is None:
+        return None
+    try:
+        read = read_game_config(mode.host, mode.port, engine_alive=engine_watch())
+    except OSError as error:
+        _say(
+            f"la-trainer: cannot listen on {mode.host}:{mode.port}: {error.strerror or error} (another "
+            "trainer or game on that port? The game's -LearningAgentsPort and the trainer must agree)."
+        )
+        return int(ExitCode.USAGE)
+    except GameGone as gone:
+        _say(f"la-trainer: {gone}.")
+        return int(ExitCode.PEER_GONE)
+    except KeyboardInterrupt:
+        _say("la-trainer: interrupted.")
+        return int(ExitCode.INTERRUPTED)
+    if read.method is None or read.method == FLOW_MATCHING:
+        return read
+    print(
+        f"la-trainer: TrainerMethod is {read.method!r}: la-trainer trains only FlowMatching, so the session "
+        f"is relayed to the engine's own trainer {target}".encode("ascii", "backslashreplace").decode(
+            "ascii"
+        ),
+        flush=True,
+    )
+    return relay_hand_over(target, argv, read)

@@ -14,6 +14,7 @@ again on the same port.
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
 from collections import deque
@@ -39,7 +40,7 @@ from protocol.stream import (
 from trainer.errors import LaunchError, PeerGone
 from trainer.links.base import check_snapshot_size
 from trainer.timeouts import Timeouts
-from trainer.transport.tcp import ACCEPT_HINT, TcpConnection, TcpServer
+from trainer.transport.tcp import ACCEPT_HINT, TcpConnection, TcpServer, enable_keepalive
 from trainer.transport.wait import StopRequested, WaitRule, after_grace, say, wait_until
 
 __all__ = ["SocketTrainerLink"]
@@ -78,14 +79,18 @@ class SocketTrainerLink:
         interrupted: Callable[[], bool] | None = None,
         serve: bool = False,
         output: Callable[[str], None] = say,
+        accepted: tuple[socket.socket, bytes] | None = None,
     ) -> None:
         self._timeouts = timeouts or Timeouts()
         self._interrupted = interrupted
         self._serve = serve
         self._say = output
-        self._server: TcpServer | None = TcpServer(host, port)
+        # accepted: the game's connection and the bytes already read from it, taken over from the
+        # drop-in, which read the config first to decide whether this run is ours (trainer.dropin.relay).
+        self._server: TcpServer | None = TcpServer(host, port) if accepted is None else None
         self._host = host
-        self._bound_port = self._server.port  # the next session listens on the same port (port 0 too)
+        # The next session listens on the same port (port 0 too).
+        self._bound_port = self._server.port if self._server is not None else port
         self._peer_alive_check = peer_alive
         # Before a connection only a spawning engine's process shows that a game is there; once connected,
         # the connection does (the rule becomes visible in receive_config).
@@ -104,6 +109,11 @@ class SocketTrainerLink:
         self._eof_detail = ""
         self._truncated = False
         self._closed = False
+        if accepted is not None:
+            enable_keepalive(accepted[0])  # as TcpServer.accept does: a vanished machine is noticed
+            self._conn = TcpConnection(accepted[0], peer="the game")
+            self._rule = WaitRule(self._timeouts, visible=True, output=self._say)  # the connection shows it
+            self._decoder.feed(accepted[1])
 
     def _accept_rule(self) -> WaitRule:
         if self._serve:
