@@ -11,6 +11,7 @@ import click
 from emulator.bench.config import SECTIONS, TRAIN_CONFIGS, TRAIN_ROWS, TRANSPORTS, BenchSettings
 from emulator.bench.report import format_report
 from emulator.bench.run import run_bench
+from trainer.app import use_utf8_output
 
 __all__ = ["bench_command"]
 
@@ -35,7 +36,11 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
     "--repeats", default=5, show_default=True, type=click.IntRange(1, 1000), help="Runs per median."
 )
 @click.option(
-    "--train-seconds", default=1.0, show_default=True, type=float, help="Seconds per timed training run."
+    "--train-seconds",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600, min_open=True),
+    help="Seconds per timed training run (> 0).",
 )
 @click.option(
     "--train-rows",
@@ -49,14 +54,14 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
     default=1024,
     show_default=True,
     type=click.IntRange(16, 16384),
-    help="N of the N×N×N matmul that sets the roofline.",
+    help="N of the NxNxN matmul that sets the roofline.",
 )
 @click.option(
     "--ingest-mb",
     default=1024.0,
     show_default=True,
-    type=float,
-    help="Replay buffer size for the ingest runs (MiB).",
+    type=click.FloatRange(0, 1 << 20, min_open=True),
+    help="Replay buffer size for the ingest runs (MiB, > 0).",
 )
 @click.option(
     "--sync-rounds",
@@ -79,7 +84,11 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
     help="Also time CUDA when present (auto).",
 )
 @click.option(
-    "--threads", default=0, show_default=True, type=int, help="Threads for 'ours' (0: the trainer's choice)."
+    "--threads",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 1024),
+    help="Threads for 'ours' (0: the trainer's choice).",
 )
 @click.option(
     "--json",
@@ -112,6 +121,9 @@ def bench_command(
       la-trainer bench --sections train --configs default
       la-trainer bench --ingest-mb 64 --repeats 3 --json /tmp/bench.json
     """
+    # Everything printed here is ASCII; a quoted path need not be: escaped, never a UnicodeEncodeError on a
+    # cp1252 console (as the trainer's own output, trainer.app.use_utf8_output).
+    use_utf8_output()
     settings = BenchSettings(
         sections=_names(sections, SECTIONS, "section"),
         configs=_names(configs, tuple(c.name for c in TRAIN_CONFIGS), "config"),

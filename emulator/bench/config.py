@@ -69,7 +69,7 @@ class TrainConfig:
         return 6 * self.batch_size * sum(a * b for a, b in itertools.pairwise(w))
 
     def describe(self) -> str:
-        widths = "→".join(str(x) for x in self.layer_widths)
+        widths = "->".join(str(x) for x in self.layer_widths)
         return (
             f"{self.name}: HiddenLayerNum {self.hidden_layer_num}, HiddenLayerSize {self.hidden_layer_size}, "
             f"{self.hidden_layer_num + 2} Linear layers {widths}, batch {self.batch_size}, "
@@ -98,16 +98,16 @@ class Target:
 
 
 TARGETS: tuple[Target, ...] = (
-    Target("train.default.ours_over_reference", ">=", 3.0, "default: ours ≥ 3× the reference loop"),
-    Target("train.default.ours_over_roofline", ">=", 0.5, "default: ours ≥ 50% of roofline"),
-    Target("train.wide.ours_over_roofline", ">=", 0.7, "wide: ours ≥ 70% of roofline"),
-    Target("train.chunk8.ours_over_roofline", ">=", 0.7, "chunk8: ours ≥ 70% of roofline"),
-    Target("ingest.shm_over_memcpy", ">=", 0.5, "shm ingest ≥ 50% of memcpy"),
-    Target("ingest.socket_over_raw", ">=", 0.5, "socket ingest ≥ 50% of raw loopback"),
-    Target("startup.first_request_s", "<", 3.0, "launch → first network request < 3 s"),
+    Target("train.default.ours_over_reference", ">=", 3.0, "default: ours >= 3x the reference loop"),
+    Target("train.default.ours_over_roofline", ">=", 0.5, "default: ours >= 50% of roofline"),
+    Target("train.wide.ours_over_roofline", ">=", 0.7, "wide: ours >= 70% of roofline"),
+    Target("train.chunk8.ours_over_roofline", ">=", 0.7, "chunk8: ours >= 70% of roofline"),
+    Target("ingest.shm_over_memcpy", ">=", 0.5, "shm ingest >= 50% of memcpy"),
+    Target("ingest.socket_over_raw", ">=", 0.5, "socket ingest >= 50% of raw loopback"),
+    Target("startup.first_request_s", "<", 3.0, "launch -> first network request < 3 s"),
     Target("sync.shm_round_ms", "<", 5.0, "one sync round < 5 ms (shm)"),
     Target("sync.socket_round_ms", "<", 20.0, "one sync round < 20 ms (socket)"),
-    Target("ingest.peak_rss_over_buffer", "<=", 2.5, "peak RSS while ingesting ≤ 2.5× the buffer"),
+    Target("ingest.peak_rss_over_buffer", "<=", 2.5, "peak RSS while ingesting <= 2.5x the buffer"),
 )
 
 

@@ -73,7 +73,7 @@ def check_target(target: Target, summary: Mapping[str, float]) -> dict[str, Any]
 
 def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
     if not isinstance(value, int | float) or math.isnan(value):
-        return "—"
+        return "-"
     return f"{value:,.{digits}f}{unit}"
 
 
@@ -83,7 +83,7 @@ def format_report(results: Mapping[str, Any]) -> str:
     meta = results["meta"]
     lines.append(
         f"la-trainer bench | python {meta['python']} | torch {meta['torch']} | {meta['cores']} cores | "
-        f"load {meta['load_before']} → {meta.get('load_after')} | median of {meta['settings']['repeats']}"
+        f"load {meta['load_before']} -> {meta.get('load_after')} | median of {meta['settings']['repeats']}"
     )
     for section in ("train", "train_cuda"):
         train = results.get(section)
@@ -106,7 +106,7 @@ def format_report(results: Mapping[str, Any]) -> str:
             lines.append(
                 f"  {name:<8} {_fmt(c['ours']['it_per_s']):>8} {value['threads']['ours']:>3} "
                 f"{_fmt(c['autograd']['it_per_s']):>9} {_fmt(c['reference']['it_per_s']):>10} "
-                f"{_fmt(value['roofline_it_per_s']):>9} {_fmt(value['ours_over_reference'], '×', 2):>8} "
+                f"{_fmt(value['roofline_it_per_s']):>9} {_fmt(value['ours_over_reference'], 'x', 2):>8} "
                 f"{_fmt(100 * value['ours_over_roofline'], '%', 0):>9} "
                 f"{_fmt(100 * value['reference_over_roofline'], '%', 0):>8}"
             )
@@ -145,7 +145,7 @@ def format_report(results: Mapping[str, Any]) -> str:
         lines.append("Replay-buffer ingest (trainer-side process)")
         lines.append(
             f"  {'transport':<9} {'MB':>7} {'ingest GB/s':>11} {'memcpy GB/s':>17} {'raw GB/s':>8} "
-            f"{'ratio':>6} {'peak RSS MB':>11} {'×buffer':>7}"
+            f"{'ratio':>6} {'peak RSS MB':>11} {'xbuffer':>7}"
         )
         for transport, r in ingest.items():
             memcpy = (

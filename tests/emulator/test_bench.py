@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+import emulator.bench
 from emulator.bench import TARGETS, TRAIN_CONFIGS, TrainConfig, bench_command, format_report
+from tests.trainer.test_ascii_output import non_ascii_literals
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +115,33 @@ def test_the_report_marks_missing_sections_as_not_measured() -> None:
     }
     text = format_report(results)
     assert text.count("not measured") == len(TARGETS)
+
+
+def test_the_bench_prints_only_ascii_so_a_cp1252_console_takes_it(tmp_path: Path) -> None:
+    """A Windows console or pipe in cp1252 (PYTHONIOENCODING=cp1252 here): the table went out with
+    arrows, ≥ and × and ended in UnicodeEncodeError, exit 1, after the whole measurement. Now every
+    printed literal of emulator/bench is ASCII (the trainer's own rule, test_ascii_output)."""
+    assert non_ascii_literals(Path(emulator.bench.__file__).parent) == []
+    out = tmp_path / "bench.json"
+    args = ["--sections=sync", "--transports=shm", "--sync-rounds=1", "--ingest-mb=1", "--repeats=1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer", "bench", *args, "--device=cpu", f"--json={out}"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONIOENCODING": "cp1252"},
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode("cp1252", "replace")
+    assert b"Targets" in done.stdout and out.is_file()
+    done.stdout.decode("ascii")  # every byte of the table
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--ingest-mb", "-1"), ("--ingest-mb", "0"), ("--train-seconds", "-0.5"), ("--threads", "-2")],
+)
+def test_negative_sizes_are_refused_before_anything_runs(tmp_path: Path, option: str, value: str) -> None:
+    result = CliRunner().invoke(bench_command, [f"{option}={value}", f"--json={tmp_path / 'b.json'}"])
+    assert result.exit_code == 2, result.output
+    assert option in result.output and "range" in result.output
+    assert not (tmp_path / "b.json").exists()
