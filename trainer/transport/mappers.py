@@ -16,13 +16,15 @@ is ours, so its existence says nothing either. The kernel does know who maps it:
 user is invisible: :func:`find_mappers` then finds nobody, and the caller falls back to its bound.
 
 Cost: a full scan reads every process's ``maps`` (done once, when the game has shown itself by raising
-ConfigSignal); afterwards :class:`MapperWatch` re-reads only the maps of the processes it found.
+ConfigSignal); afterwards :class:`MapperWatch` re-reads only the maps of the processes it found, at most
+every :data:`MAPS_RECHECK_S` seconds.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -30,6 +32,10 @@ __all__ = ["MapperWatch", "find_mappers", "mapper_scan_available"]
 
 _PROC = Path("/proc")
 _DEV_SHM = "/dev/shm/"
+MAPS_RECHECK_S = 2.0
+"""Between two reads of the game's ``maps`` (an editor's runs to megabytes), :meth:`MapperWatch.alive`
+only checks that its processes exist (a killed process's ``/proc`` entry goes once its parent reaps it;
+the maps read also catches a zombie, or a process that unmapped the block)."""
 
 
 def mapper_scan_available(platform: str | None = None) -> bool:
@@ -137,6 +143,7 @@ class MapperWatch:
         """The game's processes found by :meth:`attach` that still map the region."""
         self.watching = False
         """:meth:`attach` found the game: :meth:`alive` tells."""
+        self._maps_due = 0.0
 
     def attach(self) -> bool:
         """Find the processes that map the region now; True when at least one was found."""
@@ -148,5 +155,9 @@ class MapperWatch:
         """True while a process found by :meth:`attach` still maps the region (or none was found)."""
         if not self.watching:
             return True
-        self.pids = {pid for pid in self.pids if _maps_region(pid, self._path, self._inode)}
+        self.pids = {pid for pid in self.pids if (_PROC / str(pid)).exists()}
+        now = time.monotonic()
+        if self.pids and now >= self._maps_due:
+            self._maps_due = now + MAPS_RECHECK_S
+            self.pids = {pid for pid in self.pids if _maps_region(pid, self._path, self._inode)}
         return bool(self.pids)
