@@ -40,6 +40,7 @@ __all__ = [
     "TrainingMonitor",
     "TrainingRun",
     "parse_progress_line",
+    "time_limit_stops",
     "train_over_shared_memory",
 ]
 
@@ -168,6 +169,19 @@ def _session_settings(plan: DemoPlan) -> SessionSettings:
     )
 
 
+def time_limit_stops(*, have_round: bool, iteration: int, total: int) -> bool:
+    """Past the time limit: whether the game sends Stop (EndTraining) now.
+
+    Only with a round to evaluate, and never once the trainer reported its last iteration
+    (``iteration >= total``): the final round and Complete are then on their way (the trainer prints its
+    last progress line before it sends them), and a Stop would race the Complete; the game takes them as
+    the engine would (the trainer's exit is still watched by the tick loop).
+    """
+    if total > 0 and iteration >= total:
+        return False
+    return have_round
+
+
 def _failure(message: str, proc: TrainerProcess | None) -> DemoError:
     tail = proc.log_tail(25) if proc is not None else ""
     text = message if not tail else f"{message}\nThe trainer's last output lines:\n{tail}"
@@ -243,15 +257,10 @@ def train_over_shared_memory(
         drain()
         now = time.monotonic()
         if deadline is not None and now > deadline:
-            if last_total and last_iteration >= last_total:
-                # Training is over: the final round and Complete are on their way (the trainer prints
-                # its last progress line before it sends them). A Stop now would race the Complete, so
-                # the game takes them as the engine would; the trainer's exit is still watched.
-                return None
-            if latest:
+            if time_limit_stops(have_round=bool(latest), iteration=last_iteration, total=last_total):
                 stopped_early = "time limit"
                 return TickAction.STOP
-            if now > deadline + _FIRST_ROUND_GRACE_S:
+            if not latest and now > deadline + _FIRST_ROUND_GRACE_S:
                 raise _failure("The trainer sent no networks back before the time limit.", proc)
         return None
 

@@ -43,6 +43,7 @@ from emulator.demo.report import (
     results_table_text,
     write_report,
 )
+from emulator.demo.training import time_limit_stops
 from emulator.session import SessionSettings, build_session_config
 from emulator.tasks import Demonstrations, avoid, task_rng
 from trainer.progress import ProgressReporter
@@ -93,6 +94,15 @@ def test_progress_line_parses_thousands_separators_and_nan() -> None:
 )
 def test_other_lines_are_not_progress(line: str) -> None:
     assert parse_progress_line(line) is None
+
+
+def test_the_time_limit_never_stops_a_trainer_that_reported_its_last_iteration() -> None:
+    """Issue 24 item 1: a Stop sent after the final round raced the trainer's Complete. Past the time
+    limit the game stops only a trainer that is still training, and only with a round to evaluate."""
+    assert time_limit_stops(have_round=True, iteration=300, total=600)
+    assert not time_limit_stops(have_round=False, iteration=300, total=600)
+    assert not time_limit_stops(have_round=True, iteration=600, total=600)  # final round + Complete coming
+    assert time_limit_stops(have_round=True, iteration=0, total=0)  # no progress line seen yet
 
 
 # --------------------------------------------------------------------------------------------------
