@@ -180,3 +180,43 @@ def test_stop_racing_the_final_round_still_exits_ok(
     result = shm_in_process(tmp_path, script, capfd, settings=replace(TINY, iteration_num=5))
     assert result.code == int(ExitCode.OK), result.output
     assert load_checkpoint(result.task_dir / "Snapshots" / CHECKPOINT_NAME).iteration == 5
+
+
+def test_a_spawned_trainer_exits_when_the_game_stops_instead_of_taking_complete(tmp_path: Path) -> None:
+    """Issue 24 item 1 (the demo's hang): the engine-spawned trainer posted Complete, the game answered
+    with Stop and never took it, and stayed alive. The trainer waited for Complete to be taken for as
+    long as the game lived; it must see the Stop, clear it and exit 0 by itself."""
+    from emulator.drive import begin_training
+    from emulator.game import ShmGame
+    from emulator.launch import EngineLayout, TrainerProcess, make_task_dir, shared_memory_command
+    from emulator.session import build_session_config
+    from tests.support.faults import SETTINGS, STARTUP_S, trainer_env
+
+    settings = replace(SETTINGS, iteration_num=60)  # a round at 40, then the final round and Complete
+    layout = EngineLayout.create(tmp_path / "engine")
+    config, blobs = build_session_config(small_task(), settings, str(layout.intermediate_dir))
+    task_dir = make_task_dir(layout.intermediate_dir)
+    game = ShmGame.create(task_dir / "Configs", timeout=STARTUP_S)
+    argv = shared_memory_command(layout, "Training", task_dir, game.controls_guid)
+    try:
+        with TrainerProcess(argv, cwd=layout.root, env=trainer_env(settings)) as trainer:
+            game.process_alive = trainer.alive
+            begin_training(game, config, blobs, small_task().replay_buffer)
+
+            def complete_posted() -> bool:
+                # Take every round as the engine would, but never the Complete.
+                if game.control(Control.COMPLETE_SIGNAL) == 1:
+                    return True
+                if game.control(Control.NETWORK_SIGNAL) == 1:
+                    game.receive_round()
+                return False
+
+            _wait(complete_posted, STARTUP_S * load_factor())
+            game.stop()  # EndTraining instead of taking Complete; the game (this process) lives on
+            code = trainer.wait(STARTUP_S * load_factor())
+            output = trainer.output()
+        assert code == int(ExitCode.OK), f"exit {code} (None: still waiting for Complete):\n{output}"
+        assert game.control(Control.STOP_SIGNAL) == 0, "the trainer never saw the Stop"
+        assert_no_traceback(output)
+    finally:
+        game.close()
