@@ -77,7 +77,8 @@ def training_options(func: Any) -> Any:
             metavar="SECONDS",
             type=float,
             default=None,
-            help="Bound of a wait that cannot see the game (attach mode, a listener nobody connected to); "
+            help="Bound of a wait that cannot see the game (attach mode before the game came or where its process "
+            "cannot be seen; socket --once before the game connected); "
             "0: no bound. Default 600.",
         ),
         click.option(
