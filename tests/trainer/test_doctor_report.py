@@ -123,6 +123,7 @@ def _run_folder(tmp_path: Path) -> Path:
 
 
 def test_report_draws_the_newest_run_below_a_learningcore_folder(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # la-trainer[plots]; the engine-torch step's environment has none
     folder = _run_folder(tmp_path)
     result = CliRunner().invoke(report.report_command, [str(tmp_path / "LearningCore")])
     assert result.exit_code == 0, result.output
