@@ -52,6 +52,7 @@ from torch import Tensor
 
 __all__ = [
     "TIME_KINDS",
+    "Draws",
     "PathSample",
     "TimeDistribution",
     "TimeKind",
@@ -60,6 +61,7 @@ __all__ = [
     "interpolate",
     "interpolate_fitted",
     "source_spread",
+    "stratified_draws",
 ]
 
 TimeKind: TypeAlias = Literal["uniform", "beta", "logit_normal", "power"]
@@ -168,6 +170,66 @@ class TimeDistribution:
         y = _sample_gamma(self.b, n, generator, device)
         t = x / (x + y).clamp_min(torch.finfo(torch.float64).tiny)
         return t.clamp_(0.0, 1.0).to(dtype).reshape(shape)
+
+    @property
+    def has_quantile(self) -> bool:
+        """Whether :meth:`quantile` exists in closed form (every kind but Beta)."""
+        return self.kind != "beta"
+
+    def quantile(self, u: Tensor) -> Tensor:
+        """The inverse CDF at ``u`` in (0, 1), elementwise: the time whose probability below it is ``u``
+        (stratified draws, :func:`stratified_draws`). Beta has no closed form: ValueError."""
+        if self.kind == "uniform":
+            return u.clone()
+        if self.kind == "power":
+            return u.pow(self.a)
+        if self.kind == "logit_normal":
+            normal: Tensor = torch.special.ndtri(u)
+            return normal.mul_(self.b).add_(self.a).sigmoid_()
+        raise ValueError("the Beta time distribution has no closed-form quantile")
+
+
+class Draws(NamedTuple):
+    """``K`` draws for each of ``R`` rows, row-major (row r's draws are rows ``r·K … r·K + K − 1``):
+    ``x0`` ``(R·K, A)``, ``t`` ``(R·K, 1)``."""
+
+    x0: Tensor
+    t: Tensor
+
+
+def stratified_draws(
+    time_distribution: TimeDistribution,
+    rows: int,
+    draws: int,
+    width: int,
+    generator: torch.Generator,
+    device: torch.device | str,
+) -> Draws:
+    """``draws`` (x0, t) pairs for each of ``rows`` rows, each row's spread out instead of independent.
+
+    * **t, stratified:** draw j of a row has ``u = (j + U)/K`` with U ~ U[0, 1), and ``t`` is the
+      distribution's quantile at ``u``: each row sees one time from every K-th of the density, so the K
+      losses of a row cover the whole time range (independent draws bunch up; the density is the same).
+      Beta, without a closed-form quantile, draws its times independently.
+    * **x0, antithetic:** for ``j < K/2`` draw ``K/2 + j`` is ``−x0`` of draw ``j`` (the second half mirrors
+      the first; an odd K's last draw is independent). The pair's noise averages to zero exactly, so the
+      two targets ``x1 − x0`` straddle the row's action.
+
+    Order of the generator's draws: the normals ``(R, ceil(K/2), A)``, then the uniforms ``(R, K)``."""
+    if draws < 1 or rows < 1:
+        raise ValueError(f"need rows >= 1 and draws >= 1, got rows={rows}, draws={draws}")
+    half = (draws + 1) // 2
+    base = torch.randn((rows, half, width), generator=generator, device=device)
+    mirrored = draws // 2
+    x0 = torch.cat((base, -base[:, :mirrored]), dim=1) if mirrored else base
+    if time_distribution.has_quantile:
+        u = torch.rand((rows, draws), generator=generator, device=device)
+        u = (u + torch.arange(draws, device=device, dtype=u.dtype)).div_(draws)
+        # Keep u inside (0, 1): the logit-normal quantile is infinite at its ends.
+        t = time_distribution.quantile(u.clamp_(1e-6, 1.0 - 1e-6))
+    else:
+        t = time_distribution.sample(rows * draws, generator, device).reshape(rows, draws)
+    return Draws(x0=x0.reshape(rows * draws, width), t=t.reshape(rows * draws, 1))
 
 
 def _sample_gamma(shape: float, n: int, generator: torch.Generator, device: torch.device | str) -> Tensor:

@@ -306,6 +306,7 @@ class TrainingJob:
             compile=self.options.compile,
             ode_steps=self.options.ode_steps,
             averaging=self.gradient_averaging,
+            draws_per_row=self.options.draws_per_row,
         )
 
     def export(self) -> dict[int, Layer]:

@@ -204,6 +204,9 @@ class TrainerOptions:
     """Euler step count the game uses (ODEStepsNum); > 0 enables few-step distillation for that count."""
     distill_fraction: float = _option(0.25, "a number from 0 up to but not including 1", lambda v: 0 <= v < 1)
     """Share of IterationNum spent on distillation when ``ode_steps`` > 0."""
+    draws_per_row: int = _option(1, "a whole number from 1 to 64", _between(1, 64))
+    """(x0, t) draws per batch row, stratified in t and antithetic in x0 (trainer/flow.py stratified_draws):
+    each iteration trains BatchSize x draws_per_row samples of BatchSize rows (1: one independent draw)."""
     compile: str = _option(
         "off", "on or off", lambda v: v in ("on", "off"), normalize=lambda s: s.strip().lower()
     )

@@ -24,7 +24,7 @@ from pathlib import Path
 from benchmarks.time_to_quality.ceiling import ideal_sampler_rows
 from benchmarks.time_to_quality.report import ablation_table, encoder_check, load_rows, study_rows, time_table
 from benchmarks.time_to_quality.run import commit, train_and_evaluate
-from benchmarks.time_to_quality.sweep import main_sweep
+from benchmarks.time_to_quality.sweep import CANDIDATES, main_sweep
 from benchmarks.time_to_quality.tasks import B2_EPISODES, TASKS, Target
 from benchmarks.time_to_quality.variants import ENGINE_LOOP, parse_variant
 
@@ -154,7 +154,14 @@ def _sweep(args: argparse.Namespace) -> int:
         args.commit or commit(),
         args.tasks or None,
         smoke_iterations=args.smoke_iterations,
+        candidates=dict(_candidate(text) for text in args.candidates) if args.candidates else CANDIDATES,
+        baselines=not args.no_baselines,
     )
+
+
+def _candidate(text: str) -> tuple[str, str]:
+    variant = parse_variant(text)  # refuses a bad spec before any run starts
+    return variant.name, text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,6 +214,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sweep.add_argument("--tasks", nargs="*", default=[], help="keep only these tasks' runs (a smoke check)")
     sweep.add_argument("--smoke-iterations", type=int, default=0, help="> 0: every run this short (a check)")
+    sweep.add_argument(
+        "--candidates",
+        nargs="*",
+        default=[],
+        help="variants tuned instead of the built-in set (default among them)",
+    )
+    sweep.add_argument("--no-baselines", action="store_true", help="no baseline report rows, no ceiling")
     args = parser.parse_args(argv)
     commands = {
         "run": _run,

@@ -99,11 +99,11 @@ class Job:
         ]
 
 
-def plan_tuning() -> list[Job]:
+def plan_tuning(candidates: Mapping[str, str] = CANDIDATES) -> list[Job]:
     """Every candidate on B1, B2, B3 at lr 1e-3, tuning seeds."""
     return [
         Job("tune", task, spec, 1e-3, seed, TUNE_EVAL)
-        for spec in CANDIDATES.values()
+        for spec in candidates.values()
         for task in ("b1", "b2", "b3")
         for seed in TUNE_SEEDS
     ]
@@ -160,7 +160,9 @@ def _b3_within(rows: Sequence[Mapping[str, Any]], variant: str, iterations: int)
     )
 
 
-def choose(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
+def choose(
+    rows: Sequence[Mapping[str, Any]], candidates: Mapping[str, str] = CANDIDATES
+) -> tuple[str, list[str]]:
     """The winner's variant spec from the tuning rows, and the lines that explain it.
 
     The rule, fixed before any row existed: a candidate is eligible when, lowest of the tuning seeds at
@@ -176,7 +178,7 @@ def choose(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
     }
     best: tuple[int, float, str] | None = None
     winner = "default"
-    for name, spec in CANDIDATES.items():
+    for name, spec in candidates.items():
         on = _lowest(rows, "b1", name, "on_mode")
         both = _lowest(rows, "b1", name, "both_modes_covered")
         success = _lowest(rows, "b2", name, "success")
@@ -200,21 +202,17 @@ def choose(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
     return winner, lines
 
 
-def _ceiling_job(out: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "benchmarks.time_to_quality",
-        "ceiling",
-        "--seeds",
-        "100",
-        "101",
-        "0",
-        "1",
-        "2",
-        "--out",
-        str(out),
-    ]
+def _ceiling_jobs(parts: Path) -> list[tuple[list[str], Path]]:
+    """The ceiling on the report seeds (evaluation seed 1000) and the tuning seeds (2000)."""
+    out: list[tuple[list[str], Path]] = []
+    for name, seeds, eval_seed in (
+        ("report", REPORT_SEEDS, REPORT_EVALS[0]),
+        ("tune", TUNE_SEEDS, TUNE_EVAL),
+    ):
+        path = parts / f"ceiling-{name}.jsonl"
+        argv = [sys.executable, "-m", "benchmarks.time_to_quality", "ceiling", "--seeds", *map(str, seeds)]
+        out.append(([*argv, "--eval-seed", str(eval_seed), "--out", str(path)], path))
+    return out
 
 
 def main_sweep(
@@ -224,9 +222,13 @@ def main_sweep(
     commit: str,
     tasks: Sequence[str] | None,
     smoke_iterations: int = 0,
+    candidates: Mapping[str, str] = CANDIDATES,
+    baselines: bool = True,
 ) -> int:
     """Run the plan (module docstring); ``smoke_iterations`` > 0 runs every job that short (a check of the
-    driver, not a measurement) and ``tasks`` keeps only those tasks' jobs."""
+    driver, not a measurement) and ``tasks`` keeps only those tasks' jobs. ``candidates``: the variants
+    tuned (``default`` among them); ``baselines`` False: no winner-independent report rows and no ceiling
+    (a second round, whose baselines the first one measured)."""
     started = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = Path(os.environ.get("TMPDIR", "/tmp")) / f"ttq-sweep-{os.getpid()}"
@@ -243,13 +245,14 @@ def main_sweep(
         return [j for j in jobs if tasks is None or j.task in tasks]
 
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    pending = sorted(keep(plan_tuning()), key=lambda j: -j.cost) + sorted(
-        keep(plan_report()), key=lambda j: -j.cost
-    )
+    pending = sorted(keep(plan_tuning(candidates)), key=lambda j: -j.cost)
+    if baselines:
+        pending += sorted(keep(plan_report()), key=lambda j: -j.cost)
     tuning_left = {j.name for j in pending if j.phase == "tune"}
     running: dict[str, tuple[Job | None, subprocess.Popen[bytes], Path]] = {}
-    ceiling_out = parts / "ceiling.jsonl"
-    running["ceiling"] = (None, subprocess.Popen(_ceiling_job(ceiling_out), env=env), ceiling_out)
+    if baselines:
+        for i, (argv, path) in enumerate(_ceiling_jobs(parts)):
+            running[f"ceiling{i}"] = (None, subprocess.Popen(argv, env=env), path)
     tune_rows: list[dict[str, Any]] = []
     chosen = False
 
@@ -291,7 +294,7 @@ def main_sweep(
                 tuning_left.discard(name)
         if not chosen and not tuning_left:
             chosen = True
-            winner, lines = choose(tune_rows)
+            winner, lines = choose(tune_rows, candidates)
             for line in lines:
                 say(line)
             if winner != "default":

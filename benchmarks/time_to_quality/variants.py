@@ -33,6 +33,8 @@ TRAINING_KNOBS = frozenset(
         "spread_gain",
         "ode_steps",
         "distill_fraction",
+        "draws_per_row",
+        "heldout_share",
     }
 )
 """Options that change what is trained or how (the engine loop pins each of them)."""
@@ -52,6 +54,9 @@ OTHER_KNOBS = frozenset(
         "run_record",
         "tensorboard",
         "mlflow",
+        "heldout_min_episodes",
+        "heldout_every_iterations",
+        "heldout_send_best",
     }
 )
 """Options that do not change the training maths (cadences, threads, files): left at their values."""
@@ -64,6 +69,8 @@ ENGINE_LOOP_OPTIONS: Mapping[str, object] = {
     "spread_gain": 0.0,
     "ode_steps": 0,
     "distill_fraction": 0.25,
+    "draws_per_row": 1,
+    "heldout_share": 0.0,
 }
 """The engine's own loop as far as the engine says (spec §6.4, §7.2): t ~ U[0, 1), no EMA, one learning
 rate for every weight, the plain linear path (no late-time source spread), no few-step distillation. AdamW with amsgrad at the config's learning rate and weight decay, constant, is what

@@ -49,7 +49,8 @@ class StepInputs:
     ``sampler.batch_size`` is this process's share of the batch (the config's ``BatchSize``, or B / N
     under scale-out), which the fused step draws too. ``compile``: the option (``"on"``/``"off"``).
     ``ode_steps``: the game's step count, used by the distillation phase. ``averaging``: scale-out's
-    gradient averaging (None: one process)."""
+    gradient averaging (None: one process). ``draws_per_row``: (x0, t) draws per batch row in the flow-matching
+    phase (:func:`trainer.flow.stratified_draws`; 1: one independent draw, the reference's stream)."""
 
     model: FlowModel
     optimizer: torch.optim.Optimizer
@@ -65,6 +66,7 @@ class StepInputs:
     compile: str = "off"
     ode_steps: int = 0
     averaging: GradientAveraging | None = None
+    draws_per_row: int = 1
 
 
 def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingStep:
@@ -103,6 +105,7 @@ def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingSte
         inputs.obs_noise_scale,
         compiled=compiled,
         average_gradients=None if averaging is None else averaging.average_flat,
+        draws_per_row=inputs.draws_per_row,
     )
     if fused is None:
         reason = fused_step_unsupported(inputs.model, inputs.optimizer)
@@ -115,6 +118,7 @@ def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingSte
             inputs.time_distribution,
             inputs.obs_noise_scale,
             arm,
+            draws_per_row=inputs.draws_per_row,
         )
     if fused.compiling:
         log("la-trainer: compiling the training step with torch.compile (once per run; seconds)")

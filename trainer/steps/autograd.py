@@ -15,7 +15,7 @@ import torch
 
 from trainer.data import Batch, TensorData
 from trainer.errors import Diverged
-from trainer.flow import TimeDistribution, flow_matching_loss
+from trainer.flow import TimeDistribution, flow_matching_loss, stratified_draws
 from trainer.model import FlowModel
 from trainer.nne_torch import LinearModule
 from trainer.steps.base import StepMetrics
@@ -118,8 +118,12 @@ def train_step(
     time_dist: TimeDistribution,
     obs_noise_scale: float,
     iteration: int,
+    draws_per_row: int = 1,
 ) -> StepMetrics:
     """One flow-matching step on ``batch`` (see :mod:`trainer.flow` for the convention).
+
+    ``draws_per_row`` K > 1: each row is trained on K (x0, t) draws, stratified in t and antithetic in
+    x0 (:func:`trainer.flow.stratified_draws`; the fused step draws the same).
 
     ``obs_noise_scale``: ``ObservationNoiseScale``, the largest per-row magnitude of the noise on the
     standardised continuous observations, training only (:meth:`FlowModel.observation_noise`, design.md
@@ -127,13 +131,19 @@ def train_step(
     Raises :class:`Diverged` when the loss or the gradient norm is not finite, BEFORE the optimiser step,
     so the weights (and the EMA) stay those of the last good step. One host sync per step.
     """
-    x1 = batch.x1
-    x0 = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
-    t = time_dist.sample(batch.size, generator, x1.device, x1.dtype)
+    obs, x1 = batch.obs, batch.x1
+    if draws_per_row > 1:
+        draws = stratified_draws(time_dist, batch.size, draws_per_row, x1.shape[1], generator, x1.device)
+        obs, x1 = obs.repeat_interleave(draws_per_row, 0), x1.repeat_interleave(draws_per_row, 0)
+        x0, t = draws.x0.to(x1.dtype), draws.t.to(x1.dtype)
+    else:
+        x0 = torch.randn(x1.shape, generator=generator, device=x1.device, dtype=x1.dtype)
+        t = time_dist.sample(batch.size, generator, x1.device, x1.dtype)
     path = model.flow_path(x0, x1, t)
 
-    noise = model.observation_noise(batch.size, obs_noise_scale, generator) if obs_noise_scale > 0 else None
-    z = model.encode(batch.obs, noise)
+    samples = x1.shape[0]
+    noise = model.observation_noise(samples, obs_noise_scale, generator) if obs_noise_scale > 0 else None
+    z = model.encode(obs, noise)
     pred = model.velocity_standardized(z, path.x_t, t)
     loss = flow_matching_loss(pred, model.standardize_velocity(path.target))
 
@@ -158,8 +168,10 @@ class AutogradStep:
         time_dist: TimeDistribution,
         obs_noise_scale: float,
         before_backward: Callable[[], None] | None = None,
+        draws_per_row: int = 1,
     ) -> None:
         self.model = model
+        self.draws_per_row = draws_per_row
         self.optimizer = optimizer
         self.sampler = sampler
         self.generator = generator
@@ -172,7 +184,14 @@ class AutogradStep:
             self.before_backward()
         batch = self.sampler.next()
         return train_step(
-            self.model, self.optimizer, batch, self.generator, self.time_dist, self.obs_noise_scale, iteration
+            self.model,
+            self.optimizer,
+            batch,
+            self.generator,
+            self.time_dist,
+            self.obs_noise_scale,
+            iteration,
+            self.draws_per_row,
         )
 
 

@@ -59,7 +59,7 @@ from torch import Tensor, nn
 
 from trainer.data import TensorData
 from trainer.errors import Diverged
-from trainer.flow import TimeDistribution, source_spread
+from trainer.flow import TimeDistribution, source_spread, stratified_draws
 from trainer.model import FlowModel
 from trainer.progress import log
 from trainer.steps.base import StepMetrics
@@ -131,6 +131,7 @@ class FusedStep:
         exact: bool,
         compiled: bool = False,
         average_gradients: Callable[[Tensor], None] | None = None,
+        draws_per_row: int = 1,
     ) -> None:
         """Use :meth:`build`, which checks support first."""
         device = data.obs.device
@@ -144,7 +145,9 @@ class FusedStep:
         self.average_gradients = average_gradients
         self.row_num = data.row_num
         self.device = device
-        b = batch_size
+        self.draws_per_row = draws_per_row
+        # Every sample-sized buffer holds batch_size rows x draws_per_row (x0, t) draws.
+        b = batch_size * draws_per_row
 
         # Latents: precomputed per row when they fit, else encoded per batch (same values).
         latent_width = int(model.latent_mean.shape[0])
@@ -258,6 +261,7 @@ class FusedStep:
         exact: bool = False,
         compiled: bool = False,
         average_gradients: Callable[[Tensor], None] | None = None,
+        draws_per_row: int = 1,
     ) -> FusedStep | None:
         """The fused step for this job, or None when :func:`fused_step_unsupported` finds a reason.
 
@@ -272,7 +276,14 @@ class FusedStep:
 
         ``average_gradients``: called on the flat gradient buffer after the finiteness check, before
         AdamW (scale-out replaces it by the processes' average there,
-        :meth:`~trainer.steps.base.GradientAveraging.average_flat`)."""
+        :meth:`~trainer.steps.base.GradientAveraging.average_flat`).
+
+        ``draws_per_row`` K > 1: each of the ``batch_size`` rows is trained on K (x0, t) draws, stratified
+        in t and antithetic in x0 (:func:`trainer.flow.stratified_draws`), instead of one independent
+        draw: a different random stream from K = 1's (rows ``randint``, then those draws, then the
+        observation noise per sample)."""
+        if isinstance(draws_per_row, bool) or not isinstance(draws_per_row, int) or draws_per_row < 1:
+            raise ValueError(f"draws_per_row must be a positive int, got {draws_per_row!r}")
         if fused_step_unsupported(model, optimizer) is not None:
             return None
         layout = parse_mlp(model.denoiser)
@@ -294,6 +305,7 @@ class FusedStep:
             exact,
             compiled,
             average_gradients,
+            draws_per_row,
         )
 
     # ----------------------------------------------------------------------------------------------
@@ -312,12 +324,20 @@ class FusedStep:
             self.flat.adopt()
 
         # 1. The draws, in the reference order (module docstring); the gathers use no random numbers.
-        idx = torch.randint(self.row_num, (b,), generator=g, out=self._idx)
-        x0 = torch.randn(self._x0.shape, generator=g, out=self._x0)
-        if self._uniform_time:
-            t = torch.rand(self._t.shape, generator=g, out=self._t)
+        if self.draws_per_row > 1:
+            k = self.draws_per_row
+            rows = torch.randint(self.row_num, (b,), generator=g, device=self.device)
+            idx = self._idx.copy_(rows.repeat_interleave(k))
+            draws = stratified_draws(self.time_distribution, b, k, self._x0.shape[1], g, self.device)
+            x0 = self._x0.copy_(draws.x0)
+            t = self._t.copy_(draws.t)
         else:
-            t = self.time_distribution.sample(b, g, self.device, torch.float32)
+            idx = torch.randint(self.row_num, (b,), generator=g, out=self._idx)
+            x0 = torch.randn(self._x0.shape, generator=g, out=self._x0)
+            if self._uniform_time:
+                t = torch.rand(self._t.shape, generator=g, out=self._t)
+            else:
+                t = self.time_distribution.sample(b, g, self.device, torch.float32)
         start, gain = model.spread
         if gain > 0:  # FlowModel.flow_path's widened late-time source (no random draws)
             x0.mul_(source_spread(t, start, gain))
