@@ -138,10 +138,13 @@ def _emit(text: str, stream: TextIO | None = None) -> None:
         _silence_output()
 
 
-def _record_failure(task_dir: Path | None, options: TrainerOptions | None, paragraph: str, code: int) -> None:
+def _record_failure(
+    task_dir: Path | None, options: TrainerOptions | None, paragraph: str, code: int, *, phase: str = "failed"
+) -> None:
     """Status file: phase "failed" with the exit code, the message and the phase the run was in
     (``la-trainer watch``, and the only trace left when the engine's output pipe is gone). The last
-    iteration and loss stay as the run left them. ``options`` None: they were refused (written anyway)."""
+    iteration and loss stay as the run left them. ``options`` None: they were refused (written anyway).
+    ``phase``: another final phase (a server stopped while no game was connected: "stopped")."""
     if task_dir is None or (options is not None and not options.status_file):
         return
     from trainer.progress import STATUS_FILE_NAME, RunPhase, Status, read_status, write_status
@@ -156,7 +159,7 @@ def _record_failure(task_dir: Path | None, options: TrainerOptions | None, parag
             path,
             dataclasses.replace(
                 previous,
-                phase=RunPhase.FAILED,
+                phase=RunPhase(phase),
                 exit_code=code,
                 message=f"{paragraph} (phase: {previous.phase.value})",
                 pid=os.getpid(),
@@ -295,6 +298,13 @@ def serve_sessions(
                     )
                 except (TrainerError, ProtocolError) as error:
                     if flag.is_set() and not serving.in_session:
+                        _record_failure(
+                            task_dir,
+                            options,
+                            f"la-trainer: {flag.signal_name or 'a signal'} stopped the server while no game was connected",
+                            int(ExitCode.OK),
+                            phase="stopped",
+                        )
                         emit(
                             f"la-trainer: {flag.signal_name or 'signal'} received while no game was connected: server stopped."
                         )
@@ -473,10 +483,18 @@ def engine_main(
         print(paragraph, file=sys.stderr, flush=True)
         return int(ExitCode.USAGE)
 
+    # Over a socket with la-trainer's -m (the engine default included, spec §1.6) only the config tells
+    # the methods apart: read it first and relay another method to the engine's script (trainer.handover).
+    socket_front = isinstance(args.mode, SocketArgs) and runner is None and accepted is None and target
+    status_dir = task_dir if options.status_file else None
+
     def open_link(flag: InterruptFlag) -> TrainerLink:
-        link = open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True, accepted=accepted)
+        taken = accepted
+        if socket_front and isinstance(args.mode, SocketArgs) and target is not None:
+            taken = _read_socket_config(args.mode, status_dir, target, flag)
+        link = open_link_for_launch(args, timeouts, interrupt=flag, engine_spawned=True, accepted=taken)
         if spawned_shm:
-            _keep_flow_matching(link, task_dir if options.status_file else None, target, no_target)
+            _keep_flow_matching(link, status_dir, target, no_target)
         return link
 
     if runner is not None:
@@ -486,7 +504,40 @@ def engine_main(
         return run_with_link(open_link, options=options, task_dir=task_dir, timeouts=timeouts)
     except HandOver as handover:
         _emit(f"la-trainer: {handover}", sys.stdout)
+        if handover.relay is not None:
+            from trainer.dropin.relay import relay_hand_over
+
+            return relay_hand_over(handover.target, list(argv), handover.relay)
         return hand_over(handover.target, list(argv))
+
+
+def _read_socket_config(
+    mode: SocketArgs, task_dir: Path | None, target: Path, flag: InterruptFlag
+) -> tuple[socket.socket, bytes]:
+    """Socket: accept the game's connection and read its config (before torch is imported), recording
+    "waiting for config" meanwhile; FlowMatching gives the connection and the bytes read to the link,
+    anything else raises :class:`HandOver` carrying the session to relay (:mod:`trainer.dropin.relay`)."""
+    from trainer.dropin.relay import GameGone, listen_error_message, read_game_config
+    from trainer.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase
+    from trainer.transport.liveness import parent_watch
+
+    status_path = task_dir / STATUS_FILE_NAME if task_dir is not None else None
+    try:
+        with ProgressReporter(0, status_path=status_path) as reporter:
+            reporter.phase(RunPhase.WAITING_FOR_CONFIG)
+            read = read_game_config(
+                mode.host, mode.port, engine_alive=parent_watch(), interrupted=flag.is_set
+            )
+    except GameGone as gone:
+        raise PeerGone(str(gone)) from None
+    except OSError as error:
+        raise LaunchError(listen_error_message(mode.host, mode.port, error)) from None
+    if read.method is None or read.method == FLOW_MATCHING:
+        return read.connection, read.received
+    if status_path is not None:
+        with contextlib.suppress(OSError):
+            status_path.unlink()  # the run is the engine's script's (as in _keep_flow_matching)
+    raise HandOver(read.method, target, relay=read)
 
 
 def _keep_flow_matching(

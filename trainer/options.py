@@ -262,8 +262,8 @@ class TrainerOptions:
     )
     """Measure the held-out metrics every N iterations (and at the end)."""
     heldout_send_best: bool = _option(False, "true or false")
-    """At the end, send the networks of the evaluation with the best held-out energy score instead of the
-    last ones."""
+    """At the end, send the networks of the measurement with the lowest held-out flow loss instead of the
+    last ones (off: on B1-B4 the best checkpoint was the last or no better, docs/training.md)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

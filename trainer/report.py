@@ -165,7 +165,7 @@ def _heldout_summary(points: Sequence[Mapping[str, Any]]) -> list[str]:
     if not measured:
         return []
     first, last = measured[0], measured[-1]
-    best = min(measured, key=lambda p: p["heldout"].get("energy_score") or math.inf)
+    best = next((p for p in reversed(measured) if p.get("best")), last)
 
     def score(point: Mapping[str, Any]) -> str:
         value = point["heldout"].get("energy_score")
@@ -173,15 +173,17 @@ def _heldout_summary(points: Sequence[Mapping[str, Any]]) -> list[str]:
 
     coverage = last["heldout"].get("coverage")
     shown = f", coverage {coverage:.2f}" if isinstance(coverage, int | float) else ""
+    loss = best["heldout"].get("flow_loss")
+    best_loss = f"{loss:.4f}" if isinstance(loss, int | float) else "?"
     return [
         f"held-out: energy score {score(first)} at {first['iteration']} -> {score(last)} at "
-        f"{last['iteration']}{shown}; best {score(best)} at {best['iteration']}"
+        f"{last['iteration']}{shown}; best flow loss {best_loss} at {best['iteration']}"
     ]
 
 
 def summarize(points: Sequence[Mapping[str, Any]]) -> list[str]:
     """A few lines: points, iterations, last loss per phase, median it/s, training time; the held-out
-    energy score's first, last and best value when the run measured one."""
+    energy score's first and last value and the best measurement (by flow loss) when the run measured one."""
     heldout = _heldout_summary(points)
     points = [p for p in points if "heldout" not in p]
     if not points:

@@ -31,7 +31,7 @@ A metrics line::
 mixed in one series); ``elapsed_s`` counts from the first training iteration of this process.
 
 With a held-out set (:mod:`trainer.heldout`) a second kind of line holds each measurement on it, ``best``
-true when its energy score is the best so far::
+true when its flow loss is the lowest so far::
 
     {"iteration": 1000, "heldout": {"flow_loss": 0.71, "energy_score": 0.29, "energy_distance": 0.01,
      "w1": 0.05, "w1_raw": [0.02, ...], "coverage": 0.86, "precision": 0.81, "seconds": 0.02}, "best": true}
@@ -492,7 +492,7 @@ class RunLog:
         self, iteration: int, record: Mapping[str, Any], scalars: Mapping[str, float], *, best: bool
     ) -> None:
         """One held-out measurement (:mod:`trainer.heldout`): a ``{"iteration", "heldout", "best"}`` line
-        in ``metrics.jsonl`` (``best``: the best energy score so far) and ``scalars`` to the trackers."""
+        in ``metrics.jsonl`` (``best``: the lowest flow loss so far) and ``scalars`` to the trackers."""
         if self.record is not None:
             self.record.line({"iteration": iteration, "heldout": dict(record), "best": best})
         if self.trackers is not None:

@@ -55,7 +55,7 @@ def test_the_measurements_reach_the_record_the_progress_line_and_the_report(tmp_
     code, output = _run(tmp_path / "Training0", OPTIONS)
     assert code == 0, output
     assert "held out 13 of 64 episodes" in output
-    assert "held-out ES " in output  # the progress line carries the latest score
+    assert "held-out loss " in output  # the progress line carries the latest numbers
     (folder,) = find_run_folders(tmp_path / "Training0")
     points = read_metrics(folder)
     measured = [p for p in points if "heldout" in p]
@@ -96,7 +96,7 @@ def test_without_a_held_out_set_nothing_of_it_appears(tmp_path: Path) -> None:
     code, output = _run(tmp_path / "Training0", replace(OPTIONS, heldout_min_episodes=65))
     assert code == 0, output
     assert "nothing held out: 64 episodes, fewer than heldout_min_episodes (65)" in output
-    assert "held-out ES" not in output
+    assert "held-out loss" not in output
     (folder,) = find_run_folders(tmp_path / "Training0")
     assert not any("heldout" in p for p in read_metrics(folder))
     assert not (folder / HELDOUT_ACTIONS_FILE).exists()

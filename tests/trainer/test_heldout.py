@@ -27,6 +27,7 @@ from trainer.heldout import (
 )
 from trainer.job import TrainingJob
 from trainer.options import TrainerOptions
+from trainer.steps import Phase
 
 # --------------------------------------------------------------------------------------------------
 # The split
@@ -224,8 +225,8 @@ def test_nothing_held_out_means_byte_identical_training(options: TrainerOptions)
 # heldout_send_best
 
 
-def _metrics(iteration: int, score: float) -> HeldOutMetrics:
-    return HeldOutMetrics(iteration, 1.0, score, 0.1, 0.1, (0.1, 0.1), 0.5, 0.5, 0.0)
+def _metrics(iteration: int, loss: float) -> HeldOutMetrics:
+    return HeldOutMetrics(iteration, loss, 1.0, 0.1, 0.1, (0.1, 0.1), 0.5, 0.5, 0.0)
 
 
 @pytest.mark.parametrize("send_best", [False, True])
@@ -246,7 +247,7 @@ def test_the_best_networks_go_out_only_when_asked(send_best: bool, monkeypatch: 
     for iteration in (10, 20, 30):
         round_.measure(iteration)
     assert written == [(10, True), (20, True), (30, False)]
-    assert reporter.note == "held-out ES 0.400 cov 0.50"
+    assert reporter.note == "held-out loss 0.4000 ES 1.000 cov 0.50"
     last = {0: "last"}
     expected = {0: "best"} if send_best else last
     assert round_.final_networks(last) == expected  # type: ignore[arg-type]
@@ -265,3 +266,22 @@ def test_the_last_measurement_being_the_best_sends_the_last_networks(monkeypatch
     round_.measure(20)
     last = {0: "last"}
     assert round_.final_networks(last) is last  # type: ignore[arg-type]
+
+
+def test_distillation_networks_compete_only_among_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with ode_steps > 0 ends distilling for the game's few Euler steps; a flow-matching checkpoint
+    before the boundary with a lower flow loss must not be sent instead of the distilled networks."""
+    job = _job(replace(BASE, heldout_share=0.2, heldout_min_episodes=50, heldout_send_best=True))
+    assert job.heldout is not None
+    losses = iter([0.3, 0.5, 0.6])
+    monkeypatch.setattr(job.heldout, "evaluate", lambda model, it: _metrics(it, next(losses)))
+    exports = iter([{0: "flow matching"}, {0: "first distilled"}])
+    monkeypatch.setattr(job, "export", lambda: next(exports))
+    runlog = SimpleNamespace(heldout=lambda *a, **k: None, heldout_actions=lambda value: None)
+    round_ = HeldOutRound(job, runlog, SimpleNamespace(note=""))  # type: ignore[arg-type]
+    job.phase = Phase.FLOW_MATCHING
+    round_.measure(10)
+    job.phase = Phase.DISTILLATION
+    round_.measure(20)
+    round_.measure(30)
+    assert round_.final_networks({0: "last"}) == {0: "first distilled"}  # type: ignore[arg-type]
