@@ -248,9 +248,7 @@ class TrainerOptions:
     """Log to MLflow at this tracking URI ("default": MLflow's own default); the engine's ``UseMLflow`` and
     ``MLflowTrackingUri`` switch it on too (this URI wins when both are given)."""
 
-    heldout_share: float = _option(
-        0.0, "a number from 0 (no hold-out) up to 0.5", lambda v: 0 <= v <= 0.5
-    )
+    heldout_share: float = _option(0.0, "a number from 0 (no hold-out) up to 0.5", lambda v: 0 <= v <= 0.5)
     """Share of the recorded episodes held out of training to measure imitation quality on
     (trainer/heldout.py; whole episodes, chosen by the config's Seed; 0: off)."""
     heldout_min_episodes: int = _option(
