@@ -44,10 +44,10 @@ QUALITY = {"b1": "on_mode", "b2": "success", "b3": "score", "b4": "score"}
 """The task metric the held-out metrics are ranked against (higher is better)."""
 
 CHECKPOINTS = {
-    "b1": (100, 250, 500, 1000, 2000, 4000),
-    "b2": (250, 500, 1000, 2000, 4000, 8000),
-    "b3": (100, 250, 500, 1000, 2000, 3000),
-    "b4": (100, 250, 500, 1000, 2000, 3000),
+    "b1": (100, 250, 500, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000),
+    "b2": (250, 500, 1000, 2000, 4000, 6000, 8000, 10000, 12000, 14000, 16000),
+    "b3": (100, 250, 500, 750, 1000, 1500, 2000, 2500, 3000, 4000),
+    "b4": (100, 250, 500, 750, 1000, 1500, 2000, 2500, 3000, 4000),
 }
 """Iterations evaluated per task: early ones (clearly worse) to where the default is close to its target."""
 
@@ -139,37 +139,91 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _correlations(evals: Sequence[Mapping[str, Any]], quality: str) -> list[str]:
+    q = [e["metrics"][quality] for e in evals]
+    cells = []
+    for name in HELDOUT_METRICS:
+        sign = 1.0 if name in HIGHER_IS_BETTER else -1.0
+        cells.append(f"{spearman([sign * e['heldout'][name] for e in evals], q):+.2f}")
+    return cells
+
+
+def _picked(evals: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:
+    """The checkpoint a metric calls best (the first of equals)."""
+    sign = -1.0 if name in HIGHER_IS_BETTER else 1.0
+    return min(evals, key=lambda e: sign * e["heldout"][name])
+
+
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Spearman per task and held-out metric, and final quality with the hold-out on and off."""
+    """Spearman per task, seed and held-out metric, over every checkpoint and over the late ones (from
+    half the last checkpoint on: where the quality changes little and the ranking is hard); what picking
+    the best checkpoint by each metric would gain over the last one; then the task's metrics at the last
+    checkpoint with the hold-out on and off."""
+    header = "| task | seed | checkpoints | " + " | ".join(HELDOUT_METRICS) + " |"
+    rule = "|---|---|---|" + "---|" * len(HELDOUT_METRICS)
     lines = [
-        "| task | seed | quality | checkpoints | " + " | ".join(HELDOUT_METRICS) + " |",
-        "|---|---|---|---|" + "---|" * len(HELDOUT_METRICS),
+        "Spearman rank correlation between each held-out metric (negated where lower is better) and the",
+        "task's quality over one training's checkpoints (+1: the same order).",
+        "",
+        header,
+        rule,
     ]
-    finals: dict[tuple[str, int], dict[float, float]] = {}
+    picks = [
+        "",
+        "Quality at the checkpoint each held-out metric calls best, minus the quality at the last checkpoint",
+        "(what heldout_send_best would have gained), and the most any checkpoint would have gained:",
+        "",
+        "| task | seed | " + " | ".join(HELDOUT_METRICS) + " | best possible |",
+        "|---|---|" + "---|" * (len(HELDOUT_METRICS) + 1),
+    ]
+    finals: dict[str, dict[float, list[Mapping[str, float]]]] = {}
     for row in rows:
         quality = row["quality_metric"]
-        last = row["evals"][-1]
-        finals.setdefault((row["task"], row["seed"]), {})[row["heldout_share"]] = last["metrics"][quality]
-        with_heldout = [e for e in row["evals"] if "heldout" in e]
-        if len(with_heldout) < 3:
+        finals.setdefault(row["task"], {}).setdefault(row["heldout_share"], []).append(
+            row["evals"][-1]["metrics"]
+        )
+        measured = [e for e in row["evals"] if "heldout" in e]
+        if len(measured) < 3:
             continue
-        q = [e["metrics"][quality] for e in with_heldout]
-        cells = []
-        for name in HELDOUT_METRICS:
-            sign = 1.0 if name in HIGHER_IS_BETTER else -1.0
-            cells.append(f"{spearman([sign * e['heldout'][name] for e in with_heldout], q):+.2f}")
-        its = ", ".join(str(e["it"]) for e in with_heldout)
-        lines.append(f"| {row['task']} | {row['seed']} | {quality} | {its} | " + " | ".join(cells) + " |")
+        last = measured[-1]["it"]
+        late = [e for e in measured if e["it"] >= last / 2]
+        task = f"{row['task']} ({quality})"
+        lines.append(
+            f"| {task} | {row['seed']} | all {len(measured)} | "
+            + " | ".join(_correlations(measured, quality))
+            + " |"
+        )
+        if len(late) >= 3:
+            lines.append(
+                f"| {task} | {row['seed']} | late {len(late)} (>= {late[0]['it']}) | "
+                + " | ".join(_correlations(late, quality))
+                + " |"
+            )
+        end = measured[-1]["metrics"][quality]
+        gains = [_picked(measured, name)["metrics"][quality] - end for name in HELDOUT_METRICS]
+        ceiling = max(e["metrics"][quality] for e in measured) - end
+        picks.append(
+            f"| {task} | {row['seed']} | " + " | ".join(f"{g:+.3f}" for g in gains) + f" | {ceiling:+.3f} |"
+        )
+    lines += picks
     lines += [
         "",
-        "| task | seed | quality at the last checkpoint, hold-out 10 % | all data |",
+        "The task's metrics at the last checkpoint, mean over seeds (values per seed), hold-out 10 % against",
+        "all data (the hold-out trains on 10 % fewer episodes):",
+        "",
+        "| task | metric | hold-out 10 % | all data |",
         "|---|---|---|---|",
     ]
-    for (task, seed), by_share in sorted(finals.items()):
-        on = by_share.get(SHARE)
-        off = by_share.get(0.0)
-        show = [f"{v:.3f}" if v is not None else "-" for v in (on, off)]
-        lines.append(f"| {task} | {seed} | {show[0]} | {show[1]} |")
+    for task, by_share in sorted(finals.items()):
+        names = [k for k in by_share.get(SHARE, [{}])[0] if not k.startswith("mode/")]
+        for name in names:
+            cells = []
+            for share in (SHARE, 0.0):
+                values = [m[name] for m in by_share.get(share, [])]
+                cells.append(
+                    f"{np.mean(values):.3f} ({', '.join(f'{v:.3f}' for v in values)})" if values else "-"
+                )
+            lines.append(f"| {task} | {name} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
 
 
