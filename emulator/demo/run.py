@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import re
 import shlex
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +19,7 @@ from emulator.demo.report import DemoReport, ReportFiles, ResultRow, Trajectorie
 from emulator.demo.training import TrainingMonitor, TrainingRun, train_over_shared_memory
 from emulator.session import EngineTask
 from emulator.tasks import Demonstrations, avoid
+from trainer.transport.liveness import process_watch
 
 __all__ = ["DemoOutcome", "record_demonstrations", "run_demo"]
 
@@ -118,6 +122,38 @@ def _evaluate_rows(
     return evaluations, skipped
 
 
+WORK_PREFIX = "la-trainer-demo-"
+"""Scratch folders ``<temp>/la-trainer-demo-<pid>-<random>``: the emulated engine and project of one demo."""
+
+_WORK_NAME = re.compile(rf"^{re.escape(WORK_PREFIX)}(\d+)-")
+
+
+def sweep_stale_work_folders(
+    root: Path, alive: Callable[[int], bool] = lambda pid: process_watch(pid)()
+) -> list[Path]:
+    """Remove the scratch folders under ``root`` of demos whose process is gone (a demo killed with SIGKILL
+    cannot remove its own; the trainer it spawned unlinks the shared memory, trainer/links/shm.py), and
+    return them. Folders of running demos, and of this process, stay."""
+    removed = []
+    for folder in sorted(root.glob(f"{WORK_PREFIX}*")):
+        match = _WORK_NAME.match(folder.name)
+        if match is None or not folder.is_dir():
+            continue
+        pid = int(match.group(1))
+        if pid == os.getpid() or alive(pid):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def work_folder() -> tempfile.TemporaryDirectory[str]:
+    """This demo's scratch folder, named after its process, after the stale ones of killed demos went."""
+    root = Path(tempfile.gettempdir())
+    sweep_stale_work_folders(root)
+    return tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=root)
+
+
 def run_demo(
     plan: DemoPlan,
     out_dir: Path,
@@ -140,7 +176,7 @@ def run_demo(
 
     deadline = t0 + plan.time_limit_s - plan.reserve_s if plan.time_limit_s > 0 else None
     mark = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="la-trainer-demo-") as work:
+    with work_folder() as work:
         run = train_over_shared_memory(
             task, plan, Path(work), monitor, deadline=deadline, configs_copy=out_dir / "engine-configs"
         )

@@ -46,7 +46,7 @@ from trainer.transport.files import CONFIG_FILE_LIMIT
 from trainer.transport.liveness import parent_watch
 from trainer.transport.lockfile import ControlBlockLock
 from trainer.transport.mappers import MapperWatch, mapper_scan_available
-from trainer.transport.shm import SharedRegion, region_exists
+from trainer.transport.shm import SharedRegion, region_exists, unlink_orphaned
 from trainer.transport.staging import ReplayStaging
 from trainer.transport.wait import StopRequested, WaitRule, after_grace, say, wait_until
 
@@ -518,6 +518,7 @@ class ShmTrainerLink:
         if self._closed:
             return
         self._closed = True
+        orphans = self._orphaned_region_names()
         try:
             self._release_session()
         finally:
@@ -525,6 +526,16 @@ class ShmTrainerLink:
                 self._control_region.close()
             finally:
                 self._lock.release()
+                for name in orphans:
+                    unlink_orphaned(name)
+
+    def _orphaned_region_names(self) -> list[str]:
+        """The engine's regions we map, when the engine that spawned us is dead: killed, it never
+        unlinked them (spec 2.1: the creator unlinks) and nobody else will, so its trainer does."""
+        if self._parent_alive is None or self._parent_alive():
+            return []
+        names = [region.name for region in self._regions]
+        return names if self._created else [*names, self._control_region.name]
 
     def __enter__(self) -> ShmTrainerLink:
         return self

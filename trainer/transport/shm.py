@@ -29,7 +29,7 @@ from types import FrameType, TracebackType
 from trainer.errors import LaunchError
 from trainer.transport import win32
 
-__all__ = ["SharedRegion", "region_exists"]
+__all__ = ["SharedRegion", "region_exists", "unlink_orphaned"]
 
 _WINDOWS = sys.platform == "win32"
 _GLOBAL_PREFIX = "Global\\"
@@ -61,6 +61,14 @@ def _unlink_name(name: str) -> None:
         return  # A Windows mapping disappears with its last handle; there is nothing to unlink.
     with contextlib.suppress(posix_ipc.ExistentialError):
         posix_ipc.unlink_shared_memory(name)
+
+
+def unlink_orphaned(name: str) -> None:
+    """Unlink a region of the engine's whose creator died without unlinking it (SIGKILL, a crash): left
+    alone it stays in /dev/shm until reboot. Only for a creator that is gone (while it lives, the
+    creator unlinks). Best effort; nothing to do on Windows (a mapping goes with its last handle)."""
+    with contextlib.suppress(OSError):
+        _unlink_name(name)
 
 
 def _unlink_all_owned() -> None:
