@@ -43,9 +43,13 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer.errors import TrainerError, Unsupported
 from trainer.exitcodes import ExitCode
+
+if TYPE_CHECKING:
+    from trainer.dropin.relay import ConfigRead
 
 __all__ = [
     "DROPIN_MARKER",
@@ -86,13 +90,15 @@ class HandOver(TrainerError):
 
     exit_code = ExitCode.UNSUPPORTED
 
-    def __init__(self, method: str, target: Path) -> None:
+    def __init__(self, method: str, target: Path, *, relay: ConfigRead | None = None) -> None:
         super().__init__(
             f"TrainerMethod is {method!r}: la-trainer trains only FlowMatching, so the run goes to the "
             f"engine's own trainer {target}"
         )
         self.method = method
         self.target = target
+        self.relay = relay
+        """A socket session (its connection and the bytes read): relayed to the script, not exec'd."""
 
 
 def is_la_trainer_script(path: Path) -> bool:

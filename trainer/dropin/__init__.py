@@ -113,13 +113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return decided
         if nproc > 1:
             return reexec_under_torchrun(args, nproc)
-        front = socket_front(args)
-        if isinstance(front, int):
-            return front
-        if front is not None:
-            from trainer.app import engine_main
-
-            return engine_main(args, accepted=(front.connection, front.received))
     if scale_out_requested(os.environ):
         from trainer.distributed.launch import main as scale_out
 
@@ -243,7 +236,7 @@ def _check_launch_inputs(launch: LaunchArgs) -> int | None:
     """The launch inputs the trainer would refuse, checked without opening anything: the task folder, the
     engine's control block (spawned shared memory), the settings files and LA_TRAINER_* values. An exit
     code after one line, or None."""
-    from protocol.argv import SharedMemoryArgs
+    from protocol.argv import SharedMemoryArgs, SocketArgs
     from trainer.errors import LaunchError
     from trainer.exitcodes import ExitCode
     from trainer.options import load_options
@@ -263,6 +256,10 @@ def _check_launch_inputs(launch: LaunchArgs) -> int | None:
                 _check_control_block(mode.controls_guid)
         if task_dir is not None and task_dir.is_dir():
             options = load_options(task_dir, shared_dir=task_dir.parent)
+        elif isinstance(mode, SocketArgs) and mode.temp_directory:
+            # A socket run's task folder is made later, inside the temp folder, which holds the project's
+            # settings (trainer.app.engine_main)
+            options = load_options(None, shared_dir=Path(mode.temp_directory))
         else:
             options = load_options(None)
         Timeouts.from_env(options.wait)
@@ -294,17 +291,18 @@ def _check_control_block(controls_guid: str) -> None:
 
 
 def socket_front(argv: Sequence[str]) -> int | ConfigRead | None:
-    """Engine-spawned socket run with la-trainer's ``-m`` (the engine default, which flow-matching call
+    """A half install's socket run with la-trainer's ``-m`` (the engine default, which flow-matching call
     sites send too, or the flow-matching module): accept the game's connection and read its config
     first (:mod:`trainer.dropin.relay`). Another method is relayed to the engine's own ``train.py`` (its
-    exit code is returned); a FlowMatching config comes back with the connection for la-trainer's link.
-    None when there is nothing to decide here (another transport, a bad command line, no engine script to
-    hand to: la-trainer's link then listens itself and refuses another method with exit 7).
+    exit code is returned); a FlowMatching config comes back with its connection. None when there is
+    nothing to decide here (another transport, a bad command line, no engine script to hand to). With
+    everything at hand the trainer does the same in its own link's place (:func:`trainer.app.engine_main`),
+    recording its status meanwhile.
     """
     from protocol.argv import SocketArgs, parse_launch_argv
     from protocol.errors import ArgvError
     from trainer.dropin.method import engine_watch
-    from trainer.dropin.relay import GameGone, read_game_config, relay_hand_over
+    from trainer.dropin.relay import GameGone, listen_error_message, read_game_config, relay_hand_over
     from trainer.exitcodes import ExitCode
     from trainer.handover import FLOW_MATCHING, engine_train_py, socket_hands_over
 
@@ -318,13 +316,13 @@ def socket_front(argv: Sequence[str]) -> int | ConfigRead | None:
     target, _ = engine_train_py(launch.nne_cpu_path, sys.argv[0])
     if target is None:
         return None
+    refused = _check_launch_inputs(launch)  # what the trainer would refuse, before a game connects
+    if refused is not None:
+        return refused
     try:
         read = read_game_config(mode.host, mode.port, engine_alive=engine_watch())
     except OSError as error:
-        _say(
-            f"la-trainer: cannot listen on {mode.host}:{mode.port}: {error.strerror or error} (another "
-            "trainer or game on that port? The game's -LearningAgentsPort and the trainer must agree)."
-        )
+        _say(f"la-trainer: {listen_error_message(mode.host, mode.port, error)}")
         return int(ExitCode.USAGE)
     except GameGone as gone:
         _say(f"la-trainer: {gone}.")

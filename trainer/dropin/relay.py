@@ -22,6 +22,7 @@ decided here too.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import selectors
@@ -34,7 +35,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ConfigRead", "GameGone", "read_game_config", "relay_hand_over", "relayed_argv"]
+__all__ = [
+    "ConfigRead",
+    "GameGone",
+    "listen_error_message",
+    "read_game_config",
+    "relay_hand_over",
+    "relayed_argv",
+]
 
 SEND_CONFIG = 1
 """ESignal SendConfig (spec §3): the game's first message."""
@@ -81,18 +89,38 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-def _wait_readable(sock: socket.socket, engine_alive: Callable[[], bool], what: str) -> None:
+def listen_error_message(host: str, port: int, error: OSError) -> str:
+    """What to say when ``host:port`` cannot be listened on (the words of the trainer link's own check)."""
+    if error.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1)):
+        return (
+            f"port {port} on {host} is already in use (another trainer or game?). Stop the other process or "
+            "choose another port with -LearningAgentsPort on the game and the same address for the trainer."
+        )
+    return f"cannot listen on {host}:{port}: {error.strerror or error}"
+
+
+def _wait_readable(
+    sock: socket.socket, engine_alive: Callable[[], bool], what: str, interrupted: Callable[[], bool]
+) -> None:
     with selectors.DefaultSelector() as selector:
         selector.register(sock, selectors.EVENT_READ)
         while not selector.select(_POLL_S):
+            if interrupted():
+                raise KeyboardInterrupt  # SIGINT/SIGTERM while waiting: the trainer's "interrupted"
             if not engine_alive():
                 raise GameGone(f"the engine went away while la-trainer waited for {what}")
 
 
-def _read_exactly(conn: socket.socket, size: int, engine_alive: Callable[[], bool], what: str) -> bytes:
+def _read_exactly(
+    conn: socket.socket,
+    size: int,
+    engine_alive: Callable[[], bool],
+    what: str,
+    interrupted: Callable[[], bool],
+) -> bytes:
     data = bytearray()
     while len(data) < size:
-        _wait_readable(conn, engine_alive, what)
+        _wait_readable(conn, engine_alive, what, interrupted)
         chunk = conn.recv(size - len(data))
         if not chunk:
             raise GameGone(f"the game closed the connection before sending {what}")
@@ -100,30 +128,37 @@ def _read_exactly(conn: socket.socket, size: int, engine_alive: Callable[[], boo
     return bytes(data)
 
 
-def read_game_config(host: str, port: int, *, engine_alive: Callable[[], bool]) -> ConfigRead:
+def read_game_config(
+    host: str,
+    port: int,
+    *,
+    engine_alive: Callable[[], bool],
+    interrupted: Callable[[], bool] = lambda: False,
+) -> ConfigRead:
     """Listen on ``host:port``, accept the engine's one connection, read its SendConfig message.
 
-    Raises OSError when the address cannot be listened on, :class:`GameGone` when the engine goes first.
-    No bound: the engine process shows that a game is there (a paused editor may connect late).
+    Raises OSError when the address cannot be listened on (:func:`listen_error_message`), :class:`GameGone`
+    when the engine goes first, KeyboardInterrupt once ``interrupted()``. No bound: the engine process
+    shows that a game is there (a paused editor may connect late).
     """
     from trainer.handover import FLOW_MATCHING
 
     listener = _listen(host, port)
     try:
-        _wait_readable(listener, engine_alive, f"the game to connect to {host}:{port}")
+        _wait_readable(listener, engine_alive, f"the game to connect to {host}:{port}", interrupted)
         conn, _ = listener.accept()
     finally:
         listener.close()  # one client only (§3)
     try:
         conn.setblocking(True)
-        signal = _read_exactly(conn, 1, engine_alive, "its config")
+        signal = _read_exactly(conn, 1, engine_alive, "its config", interrupted)
         if signal[0] != SEND_CONFIG:
             return ConfigRead(conn, signal, None)
-        header = _read_exactly(conn, 4, engine_alive, "its config")
+        header = _read_exactly(conn, 4, engine_alive, "its config", interrupted)
         (size,) = struct.unpack("<i", header)
         if not 0 <= size <= _CONFIG_LIMIT:
             return ConfigRead(conn, signal + header, None)
-        body = _read_exactly(conn, size, engine_alive, "its config")
+        body = _read_exactly(conn, size, engine_alive, "its config", interrupted)
     except BaseException:
         conn.close()
         raise
