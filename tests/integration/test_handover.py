@@ -21,6 +21,7 @@ import pytest
 
 from emulator.game import ShmGame
 from emulator.launch import (
+    TRAIN_SCRIPT,
     EngineLayout,
     TrainerProcess,
     make_task_dir,
@@ -220,7 +221,13 @@ def test_a_socket_run_for_another_module_is_handed_over_before_anything_is_bound
 
 
 def _socket_session(
-    layout: EngineLayout, task: EngineTask, tmp_path: Path, method: str, env: dict[str, str]
+    layout: EngineLayout,
+    task: EngineTask,
+    tmp_path: Path,
+    method: str,
+    env: dict[str, str],
+    *,
+    script: Path | None = None,
 ) -> tuple[int | None, str, object, int]:
     """A socket session with the engine's default -m and a ``method`` config: the trainer's exit code and
     output, what the game got back first (network 0 or Completed), and the network's size."""
@@ -232,7 +239,8 @@ def _socket_session(
     config, snapshots = build_session_config(task, SETTINGS, str(layout.intermediate_dir))
     config = replace(config, trainer=replace(config.trainer, trainer_method=method))
     port = free_tcp_port()
-    argv = socket_command(layout, "Training", "127.0.0.1", port)  # the engine's default -m
+    # The engine's default -m (DEFAULT_TRAINER_MODULE).
+    argv = socket_command(layout, "Training", "127.0.0.1", port, script=script or TRAIN_SCRIPT)
     proc = TrainerProcess(argv, cwd=layout.root, env=env)
     try:
         game = SocketGame.connect("127.0.0.1", port, timeout=EXIT_BOUND_S, process_alive=proc.alive)
@@ -425,3 +433,18 @@ def test_under_scale_out_another_method_is_handed_over_without_torchrun(
     assert seen["method"] == "PPO" and seen["pid"] == proc.pid and seen["network_0_taken"] is True
     assert seen["controls_found"][3] == 1
     assert "scale-out: 2 processes" not in output, output  # no rank ever started
+
+
+def test_a_half_install_relays_a_socket_run_of_another_method(
+    layout: EngineLayout, task: EngineTask, tmp_path: Path
+) -> None:
+    """Over a socket too, with the engine's default -m: torch, msgpack and posix_ipc cannot be loaded, and
+    a BehaviorCloning session still reaches the engine's script (the front is standard library only)."""
+    from emulator.game.common import COMPLETED
+
+    shim = _installed_shim(tmp_path, layout)
+    env = {**_blocked_env(tmp_path, MISSING), "STAND_IN_SERVE": "1"}
+    code, output, answer, _ = _socket_session(layout, task, tmp_path, "BehaviorCloning", env, script=shim)
+    assert code == 0 and answer is COMPLETED, output
+    assert json.loads((tmp_path / "stand-in.json").read_text())["method"] == "BehaviorCloning"
+    assert "Traceback" not in output

@@ -145,3 +145,56 @@ def test_posix_replaces_the_process(tmp_path: Path) -> None:
     pid = done.stdout.strip()
     assert done.returncode == 0, done.stderr
     assert out.read_text() == f"{pid} ['Training', '', 'x y'] 1"
+
+
+def test_the_relayed_command_line_changes_only_the_address() -> None:
+    from trainer.dropin.relay import relayed_argv
+
+    argv = ["Training", "-m", ENGINE_DEFAULT_MODULE, "", "Socket", "127.0.0.1:48491", "C:\\Temp"]
+    assert relayed_argv(argv, 5000) == [*argv[:5], "127.0.0.1:5000", argv[6]]
+    with pytest.raises(ValueError):
+        relayed_argv(["Training", "SharedMemory", "/task"], 5000)
+
+
+def test_the_method_is_read_from_a_whole_config_file_only() -> None:
+    from trainer.dropin.method import method_from_config
+
+    assert method_from_config(b'{"TrainerMethod": "PPO"}') == "PPO"
+    assert method_from_config('{"TrainerMethod": "PPO"}'.encode("utf-16")) == "PPO"  # BOM: a UE writer
+    assert method_from_config(b'{"TempDirectory": "x"}') == "FlowMatching"  # the engine default
+    assert method_from_config(b'{"TrainerMethod": "PP') is None  # still being written
+    assert method_from_config(b"") is None
+
+
+@pytest.mark.parametrize(
+    ("controls", "taken_over"),
+    [
+        ((0, 0, 0, 1, 0, 0, 0, 1, -1, -1), False),  # as handed over: config posted, our ping pending
+        ((0, 0, 0, 0, 0, 0, 0, 0, -1, -1), False),  # the script acknowledged the config, asked nothing yet
+        ((0, 0, 0, 0, 1, 0, 0, 0, -1, -1), True),  # it asked for a network
+        ((0, 0, 0, 0, 0, 0, 0, 0, 0, -1), True),  # the game answered that request already
+        ((0, 0, 0, 0, 0, 0, 1, 0, -1, -1), True),  # the game stopped the session
+    ],
+)
+def test_the_hand_over_pinger_stops_at_the_scripts_first_handshake(
+    controls: tuple[int, ...], taken_over: bool
+) -> None:
+    from trainer.dropin.pinger import script_took_over
+
+    assert script_took_over(controls) is taken_over
+
+
+def test_a_scale_out_job_ends_with_its_first_recorded_failure(tmp_path: Path) -> None:
+    """torchrun stops the other ranks once one fails; they record "interrupted" after the real cause."""
+    import os
+
+    from trainer.dropin.torchrun import ENV_EXIT_DIR, job_exit_code, record_exit
+
+    assert job_exit_code(tmp_path) is None
+    record_exit(0, {ENV_EXIT_DIR: str(tmp_path), "RANK": "0"})
+    assert job_exit_code(tmp_path) is None
+    record_exit(6, {ENV_EXIT_DIR: str(tmp_path), "RANK": "1"})
+    record_exit(8, {ENV_EXIT_DIR: str(tmp_path), "RANK": "0"})
+    os.utime(tmp_path / "rank-1.txt", ns=(1, 1))  # the rank that failed first
+    assert job_exit_code(tmp_path) == 6
+    record_exit(5, {"RANK": "0"})  # outside the job: nothing recorded, nothing raised
