@@ -20,8 +20,10 @@ Where things go (spec §7.2, the engine's own trainer):
 What is logged (what people compare runs by): every :data:`TRACK_EVERY` iterations and at the end, the
 smoothed loss of each phase under its own key (``loss/flow_matching``, ``loss/distillation``: different
 objectives on different scales), ``iterations_per_second``, ``learning_rate`` and ``sync_rounds``
-(:class:`trainer.runrecord.MetricsPoint`); once, the configuration as parameters (our options and the
-engine's training settings); at the end, the final networks as artefacts (MLflow).
+(:class:`trainer.runrecord.MetricsPoint`); with a held-out set, at each of its measurements,
+``heldout/flow_loss``, ``heldout/energy_score``, ``heldout/coverage`` ... (:mod:`trainer.heldout`); once, the
+configuration as parameters (our options and the engine's training settings); at the end, the final
+networks as artefacts (MLflow).
 """
 
 from __future__ import annotations
