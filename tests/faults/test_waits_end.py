@@ -24,7 +24,7 @@ import pytest
 from emulator.drive import begin_training
 from emulator.game import ShmGame, SocketGame
 from tests.support.configs import sample_replay
-from tests.trainer.test_links import NETWORK_IDS, PLATFORM, config, initial_networks, trained
+from tests.support.links import NETWORK_IDS, PLATFORM, config, initial_networks, trained
 from trainer.errors import Interrupted
 from trainer.links import ShmTrainerLink, SocketTrainerLink
 from trainer.timeouts import Timeouts

@@ -9,7 +9,6 @@ within seconds instead of hanging it.
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -23,13 +22,13 @@ import pytest
 
 from emulator.drive import Ending, begin_training, tick_until_end
 from emulator.game import ReceivedNetwork, RoundResult, ShmGame, SocketGame
-from protocol.config import SessionConfig, session_from_shared_memory
+from protocol.config import SessionConfig
 from protocol.controls import Control, read_controls
 from protocol.guid import os_shm_name
 from protocol.replay import ReplayBuffer
-from protocol.snapshot import HEADER, HEADER_BYTES, SNAPSHOT_MAGIC, SNAPSHOT_VERSION
 from protocol.stream import encode_network_to_trainer
-from tests.support.configs import MODEL, TRAINER, sample_networks, sample_replay, small_data, write_export
+from tests.support.configs import sample_networks, sample_replay, write_export
+from tests.support.links import NETWORK_IDS, PLATFORM, config, initial_networks, trained
 from trainer.errors import Interrupted, PeerGone, WaitTimeout
 from trainer.links import FileTrainerLink, KeepAlive, ShmTrainerLink, SocketTrainerLink
 from trainer.timeouts import Timeouts
@@ -39,7 +38,6 @@ from trainer.transport.wait import StopRequested
 
 posix_ipc = pytest.importorskip("posix_ipc")
 
-PLATFORM = "linux" if sys.platform.startswith("linux") else sys.platform
 FAST = Timeouts(
     wait=5,
     ping_interval=0.02,
@@ -49,32 +47,6 @@ FAST = Timeouts(
 GAME_TIMEOUT = 5.0
 JOIN_TIMEOUT = 10.0
 ROUNDS = 2
-NETWORK_IDS = (0, 1, 2)
-
-
-def trained(round_index: int) -> dict[int, bytes]:
-    """Distinct snapshots per round, each of its network's MaxByteNum.
-
-    The game halves load what comes back as the engine does (size, magic, version, FileDataSize; §10 item
-    6), so the bytes carry a valid 24-byte header; the model blob behind it is noise (links move it
-    without parsing).
-    """
-    rng = np.random.default_rng(100 + round_index)
-    out: dict[int, bytes] = {}
-    for net in config().model.networks:
-        body = rng.integers(0, 256, net.max_byte_num - HEADER_BYTES, dtype=np.uint8).tobytes()
-        out[net.id] = HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, 1, 1, 0, len(body)) + body
-    return out
-
-
-def config() -> SessionConfig:
-    return session_from_shared_memory(TRAINER, {**small_data(), **MODEL})
-
-
-def initial_networks() -> tuple[bytes, ...]:
-    """The networks BeginTraining sends, in id order."""
-    networks = sample_networks()
-    return tuple(networks[nid] for nid in NETWORK_IDS)
 
 
 def poll(predicate: Callable[[], Any], what: str, timeout: float = GAME_TIMEOUT) -> Any:
