@@ -4,7 +4,9 @@ distances, seeded reproducibility, and that nothing changes when nothing is held
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,7 +29,9 @@ from trainer.heldout import (
 )
 from trainer.job import TrainingJob
 from trainer.options import TrainerOptions
+from trainer.runrecord import RunLog, RunRecord, read_metrics
 from trainer.steps import Phase
+from trainer.trackers import Trackers
 
 # --------------------------------------------------------------------------------------------------
 # The split
@@ -285,3 +289,31 @@ def test_distillation_networks_compete_only_among_themselves(monkeypatch: pytest
     round_.measure(20)
     round_.measure(30)
     assert round_.final_networks({0: "last"}) == {0: "first distilled"}  # type: ignore[arg-type]
+
+
+def test_a_measurement_reaches_the_metrics_log_and_the_trackers(tmp_path: Path) -> None:
+    class Tracker:
+        name = "fake"
+
+        def __init__(self) -> None:
+            self.logged: list[tuple[int, dict[str, float]]] = []
+
+        def scalars(self, step: int, values: Mapping[str, float]) -> None:
+            self.logged.append((step, dict(values)))
+
+        def params(self, values: Mapping[str, str]) -> None: ...
+        def artifacts(self, paths: object) -> None: ...
+        def close(self) -> None: ...
+
+    tracker = Tracker()
+    runlog = RunLog()
+    runlog.record = RunRecord(tmp_path, {})
+    runlog.trackers = Trackers([tracker])  # type: ignore[list-item]
+    measured = replace(_metrics(300, 0.25), flow_loss=math.nan)  # a non-finite value is written as null
+    runlog.heldout(300, measured.record(), measured.tracker_values(), best=True)
+    runlog.finish(phase="complete", exit_code=0, iteration=300, loss=0.1)
+    (line,) = read_metrics(tmp_path)
+    assert line["iteration"] == 300 and line["best"] is True
+    assert line["heldout"]["flow_loss"] is None and line["heldout"]["w1_raw"] == [0.1, 0.1]
+    ((step, values),) = tracker.logged
+    assert step == 300 and values["heldout/energy_score"] == 1.0 and "heldout/w1_raw" not in values
