@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -449,6 +449,7 @@ class HeldOutRound:
         self.best_phase: Phase | None = None
         self.best_layers: dict[int, Layer] | None = None
         self.last: HeldOutMetrics | None = None
+        self.sent_best = False
 
     def due(self, iteration: int) -> bool:
         """A periodic measurement is due after ``iteration`` steps (the last one is :meth:`at_end`'s)."""
@@ -487,12 +488,26 @@ class HeldOutRound:
         self.reporter.note = metrics.short()
         return metrics
 
+    def keep_best(self, encode: Callable[[dict[int, Layer]], dict[int, bytes]]) -> None:
+        """Keep the best measurement's networks in the run record (``Networks/best``) when they are not
+        the ones sent: a user can take them without running again. ``encode``: layers to snapshot bytes."""
+        best = self.best
+        if best is None or self.best_layers is None or best is self.last or self.sent_best:
+            return
+        paths = self.runlog.best_networks(encode(self.best_layers))
+        if paths:
+            log(
+                f"la-trainer: the networks of the lowest held-out flow loss (iteration {best.iteration}, "
+                f"{best.flow_loss:.4f}) are in {paths[0].parent}"
+            )
+
     def final_networks(self, last: dict[int, Layer]) -> dict[int, Layer]:
         """``last``, or with ``heldout_send_best`` the networks of the best measurement when an earlier
         one scored better than the last."""
         best, final = self.best, self.last
         if not self.send_best or best is None or self.best_layers is None or best is final:
             return last
+        self.sent_best = True
         log(
             f"la-trainer: heldout_send_best: sending the networks of iteration {best.iteration} (held-out "
             f"flow loss {best.flow_loss:.4f}; the last, iteration "

@@ -425,6 +425,7 @@ def _story(
     reporter.phase(RunPhase.FINISHING)
     final = encode_networks(received, heldout.final_networks(job.export()))
     kept = runlog.networks(final)
+    heldout.keep_best(lambda layers: encode_networks(received, layers))
     if end is LoopEnd.STOPPED:
         # Spec §2.4: after a Stop the engine tears its side down at once; exit cleanly without sending.
         if writer is not None:

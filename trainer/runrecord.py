@@ -14,6 +14,8 @@ numbered folder we make for socket and offline runs, the user's folder for attac
     <task_dir>/runs/<run name>/Networks/          network_<id>.bin: the final networks (snapshot bytes)
     <task_dir>/runs/<run name>/heldout-actions.json with a held-out set (trainer.heldout): demonstrated and
                                                   sampled actions of the last measurement
+    <task_dir>/runs/<run name>/Networks/best/     the networks of the lowest held-out flow loss, when
+                                                  they are not the ones sent
 
 The run name is the engine's own (spec §7.2, the name of its TensorBoard run):
 ``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>``, so the record, the TensorBoard run and the MLflow
@@ -336,11 +338,12 @@ class RunRecord:
         """Write ``value`` as the record's file ``name`` (replaced atomically)."""
         self._write(name, json.dumps(_finite_json(value)) + "\n")
 
-    def networks(self, blobs: Mapping[int, bytes]) -> list[Path]:
-        """The final networks as ``Networks/network_<id>.bin`` (the engine's export naming)."""
+    def networks(self, blobs: Mapping[int, bytes], folder: str = NETWORKS_DIR) -> list[Path]:
+        """The final networks as ``Networks/network_<id>.bin`` (the engine's export naming); ``folder``:
+        another folder of the record (``Networks/best``)."""
         paths = []
         for network_id, data in sorted(blobs.items()):
-            path = self.folder / NETWORKS_DIR / f"network_{network_id}.bin"
+            path = self.folder / folder / f"network_{network_id}.bin"
             if self._write_bytes(path, data):
                 paths.append(path)
         return paths
@@ -503,6 +506,10 @@ class RunLog:
         for ``la-trainer report``'s picture."""
         if self.record is not None:
             self.record.json_file(HELDOUT_ACTIONS_FILE, value)
+
+    def best_networks(self, blobs: Mapping[int, bytes]) -> list[Path]:
+        """Keep the networks of the best held-out measurement in ``Networks/best`` (:mod:`trainer.heldout`)."""
+        return self.record.networks(blobs, f"{NETWORKS_DIR}/best") if self.record is not None else []
 
     def networks(self, blobs: Mapping[int, bytes]) -> list[Path]:
         """Keep the final networks in the record (and hand them to the trackers as artefacts)."""

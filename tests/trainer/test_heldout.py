@@ -242,9 +242,11 @@ def test_the_best_networks_go_out_only_when_asked(send_best: bool, monkeypatch: 
     exports = iter([{0: "first"}, {0: "best"}, {0: "unused"}])
     monkeypatch.setattr(job, "export", lambda: next(exports))
     written: list[tuple[int, bool]] = []
+    kept: list[object] = []
     runlog = SimpleNamespace(
         heldout=lambda it, record, scalars, best: written.append((it, best)),
         heldout_actions=lambda value: None,
+        best_networks=lambda blobs: kept.append(blobs) or [Path("Networks/best/network_0.bin")],
     )
     reporter = SimpleNamespace(note="")
     round_ = HeldOutRound(job, runlog, reporter)  # type: ignore[arg-type]
@@ -255,6 +257,9 @@ def test_the_best_networks_go_out_only_when_asked(send_best: bool, monkeypatch: 
     last = {0: "last"}
     expected = {0: "best"} if send_best else last
     assert round_.final_networks(last) == expected  # type: ignore[arg-type]
+    # the record keeps the best networks beside the sent ones only when they were not sent
+    round_.keep_best(lambda layers: {0: f"bytes of {layers[0]}".encode()})  # type: ignore[arg-type,index]
+    assert kept == ([] if send_best else [{0: b"bytes of best"}])
 
 
 def test_the_last_measurement_being_the_best_sends_the_last_networks(monkeypatch: pytest.MonkeyPatch) -> None:
