@@ -382,7 +382,7 @@ class HeldOutEvaluator:
         )
         record: dict[str, Any] = {"iteration": iteration, "ode_steps": self.steps}
         if demonstrated.shape[1] >= 2:
-            columns = demonstrated.std(dim=0).topk(2).indices.sort().values.tolist()
+            columns = demonstrated.std(dim=0, unbiased=False).topk(2).indices.sort().values.tolist()
             record.update(
                 x_label=f"action column {columns[0]}",
                 y_label=f"action column {columns[1]}",

@@ -322,3 +322,16 @@ def test_a_measurement_reaches_the_metrics_log_and_the_trackers(tmp_path: Path) 
     assert line["heldout"]["flow_loss"] is None and line["heldout"]["w1_raw"] == [0.1, 0.1]
     ((step, values),) = tracker.logged
     assert step == 300 and values["heldout/energy_score"] == 1.0 and "heldout/w1_raw" not in values
+
+
+@pytest.mark.filterwarnings("error")
+def test_the_smallest_split_measures_without_warnings() -> None:
+    """Two one-step episodes, one held out: one held-out row, fewer than the neighbours and samples
+    asked for; the numbers are finite and the picture's file has its four samples."""
+    job = _job(replace(BASE, heldout_share=0.5, heldout_min_episodes=2), size=2)
+    assert job.heldout is not None and job.heldout.rows == 1 and job.sample_num == 1
+    job.step(0)
+    measured = job.heldout.evaluate(job.model, 1)
+    assert all(math.isfinite(v) for k, v in measured.record().items() if k != "w1_raw")
+    record = job.heldout.actions_record(1)
+    assert len(record["demonstrated"]) == 1 and len(record["sampled"]) == SAMPLES_PER_ROW
