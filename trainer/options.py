@@ -72,6 +72,7 @@ OTHER_ENVIRONMENT_NAMES: dict[str, str] = {
     "LA_TRAINER_ENGINE_PID": "trainer/distributed: the engine's pid, passed to the ranks",
     "LA_TRAINER_ENGINE_TRAIN_PY": "the engine's own train.py for hand-over (docs/unreal-install.md)",
     "LA_TRAINER_HANDED_OVER": "set by the hand-over to the engine's own train.py",
+    "LA_TRAINER_EXIT_DIR": "trainer/dropin/torchrun.py: where each rank records its exit code for the launcher",
     "LA_TRAINER_VENV": "scripts/setup_env.sh: where the virtual environment goes",
     "LA_TRAINER_TORCH": "scripts/setup_env.sh: the torch build to install first (cpu, cu126, ...)",
     "LA_TRAINER_ENGINE_VENV": "scripts/test_engine_torch.sh: where the engine-torch environment goes",
