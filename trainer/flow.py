@@ -211,9 +211,9 @@ def stratified_draws(
       distribution's quantile at ``u``: each row sees one time from every K-th of the density, so the K
       losses of a row cover the whole time range (independent draws bunch up; the density is the same).
       Beta, without a closed-form quantile, draws its times independently.
-    * **x0, antithetic:** for ``j < K/2`` draw ``K/2 + j`` is ``−x0`` of draw ``j`` (the second half mirrors
-      the first; an odd K's last draw is independent). The pair's noise averages to zero exactly, so the
-      two targets ``x1 − x0`` straddle the row's action.
+    * **x0, antithetic:** draws ``ceil(K/2) … K − 1`` are ``−x0`` of draws ``0 … floor(K/2) − 1`` (the last
+      half mirrors the first; an odd K's middle draw ``floor(K/2)`` has no mirror). A pair's noise averages
+      to zero exactly, so its two targets ``x1 − x0`` straddle the row's action.
 
     Order of the generator's draws: the normals ``(R, ceil(K/2), A)``, then the uniforms ``(R, K)``."""
     if draws < 1 or rows < 1:

@@ -22,7 +22,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.time_to_quality.ceiling import ideal_sampler_rows
-from benchmarks.time_to_quality.report import ablation_table, encoder_check, load_rows, study_rows, time_table
+from benchmarks.time_to_quality.report import (
+    ablation_table,
+    ceiling_table,
+    draws_table,
+    encoder_check,
+    load_rows,
+    study_rows,
+    time_table,
+)
 from benchmarks.time_to_quality.run import commit, train_and_evaluate
 from benchmarks.time_to_quality.sweep import CANDIDATES, main_sweep
 from benchmarks.time_to_quality.tasks import B2_EPISODES, TASKS, Target
@@ -99,13 +107,27 @@ def _write_tables(
     at: Mapping[str, tuple[Target, ...]] | None = None,
 ) -> None:
     # The reported tables take only rows of this benchmark on the report draws (seeds 0, 1, 2 with
-    # evaluation seed 1000); tuning rows and the research study's rows appear in the ablation only.
-    reported = [
-        r for r in rows if r["eval_seed"] == REPORT_EVAL_SEED and not str(r["commit"]).startswith("exp17@")
-    ]
+    # evaluation seed 1000); tuning rows and the research study's rows appear in the ablation only. The
+    # ratio tables take the report seeds' other evaluation draws too; the ceiling's rows have no evals.
+    ceiling = [r for r in rows if r.get("kind") == "ideal-sampler"]
+    rows = [r for r in rows if r.get("kind") != "ideal-sampler"]
+    ours = [r for r in rows if not str(r["commit"]).startswith("exp17@")]
+    reported = [r for r in ours if r["eval_seed"] == REPORT_EVAL_SEED]
+    draws = [r for r in ours if REPORT_EVAL_SEED <= int(str(r["eval_seed"])) < TUNE_EVAL_SEED]
     parts = [time_table(reported, lr) for lr in lrs]
     if at:
         parts += ["### At intermediate targets\n", *(time_table(reported, lr, targets=at) for lr in lrs)]
+    ratio_parts = [draws_table(draws, lr) for lr in lrs]
+    if at:
+        ratio_parts += [draws_table(draws, lr, targets=at) for lr in lrs]
+    if any(ratio_parts):
+        parts += ["### Iteration ratios per evaluation draw\n", *filter(None, ratio_parts)]
+    report_seeds = {r["seed"] for r in reported}
+    parts.append(
+        ceiling_table(
+            [r for r in ceiling if r["eval_seed"] == REPORT_EVAL_SEED and r["seed"] in report_seeds], reported
+        )
+    )
     check = encoder_check(reported)
     if check:
         parts.append(check)

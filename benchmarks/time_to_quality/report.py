@@ -19,7 +19,17 @@ from typing import Any
 
 from benchmarks.time_to_quality.tasks import TASKS, Target, meets
 
-__all__ = ["ablation_table", "encoder_check", "labels", "load_rows", "retarget", "study_rows", "time_table"]
+__all__ = [
+    "ablation_table",
+    "ceiling_table",
+    "draws_table",
+    "encoder_check",
+    "labels",
+    "load_rows",
+    "retarget",
+    "study_rows",
+    "time_table",
+]
 
 Row = Mapping[str, Any]
 
@@ -252,4 +262,110 @@ def encoder_check(rows: Sequence[Row], tolerance: float = 0.02) -> str:
             "",
             f"Trained encoder within {tolerance} of the flat schema (lowest seeds): gap {gap:+.3f}: {verdict}.",
         ]
+    return "\n".join(out) + "\n"
+
+
+def draws_table(
+    rows: Sequence[Row],
+    learning_rate: float,
+    reference: str = "engine-loop",
+    targets: Mapping[str, Sequence[Target]] | None = None,
+) -> str:
+    """Markdown: the iteration ratio to ``reference`` per evaluation draw (the rows' ``eval_seed``), for
+    every task and variant run at ``learning_rate`` on more than one draw. A ratio is stated only as the
+    range over the draws: one draw's ratio can flip with another (issue 23: a B3 2.0x was 1.5x on another
+    draw). Iterations are the slowest training seed's, as in :func:`time_table`."""
+    targets = targets or {}
+    rows = [r for r in retarget(rows, targets) if r["learning_rate"] == learning_rate]
+    groups: dict[tuple[str, str, int], list[Row]] = defaultdict(list)
+    for row, label in zip(rows, labels(rows), strict=True):
+        groups[(row["task"], label, row["eval_seed"])].append(row)
+    out: list[str] = []
+    for key, task in TASKS.items():
+        if targets and key not in targets:
+            continue  # the task's own targets: the table without ``targets`` has it
+        draws = sorted({d for (t, v, d) in groups if t == key and v == reference})
+        variants = sorted({v for (t, v, d) in groups if t == key and v != reference})
+        if len(draws) < 2 or not variants:
+            continue
+        goal = " and ".join(str(t) for t in targets.get(key, task.targets))
+        out += [
+            f"#### {task.title}: {goal}, lr {learning_rate:g}, per evaluation draw",
+            "",
+            "| variant | "
+            + " | ".join(f"draw {d}: iterations (ratio)" for d in draws)
+            + " | ratio over the draws |",
+            "|---|" + "---|" * (len(draws) + 1),
+        ]
+        for variant in variants:
+            cells: list[str] = []
+            ratios: list[float] = []
+            for d in draws:
+                mine, ref = groups.get((key, variant, d), []), groups.get((key, reference, d), [])
+                if not mine or not ref:
+                    cells.append("-")
+                    continue
+                it, _, ran = _slowest(mine)
+                ref_it, _, ref_ran = _slowest(ref)
+                if it is None:
+                    cells.append(f"> {ran:,} (-)")
+                    continue
+                ratio = (ref_it if ref_it is not None else ref_ran) / it
+                ratios.append(ratio)
+                cells.append(f"{it:,} ({'> ' if ref_it is None else ''}{ratio:.1f}x)")
+            summary = (
+                f"{min(ratios):.1f}x-{max(ratios):.1f}x"
+                if len(ratios) == len(draws)
+                else "not stated (a draw without the target)"
+            )
+            out.append(f"| {variant} | " + " | ".join(cells) + f" | {summary} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def ceiling_table(ceiling: Sequence[Row], trained: Sequence[Row]) -> str:
+    """Markdown: B2's ideal-sampler ceiling (:mod:`~.ceiling`) per seed and resolution, beside the final
+    success and route entropy of the trained B2 rows on the same seeds and evaluation draw."""
+    if not ceiling:
+        return ""
+    seeds = sorted({r["seed"] for r in ceiling})
+    out = [
+        "#### B2's ideal-sampler ceiling (a demonstrated 8-step chunk from a demonstration state within the "
+        "resolution, 4 executed) beside the trained policies",
+        "",
+        "| policy | episodes | "
+        + " | ".join(f"s{s} success / entropy" for s in seeds)
+        + " | lowest success / entropy |",
+        "|---|---|" + "---|" * (len(seeds) + 1),
+    ]
+
+    def line(label: str, episodes: object, by_seed: Mapping[int, Mapping[str, float]]) -> str:
+        cells = [
+            f"{by_seed[s]['success']:.3f} / {by_seed[s]['entropy']:.3f}" if s in by_seed else "-"
+            for s in seeds
+        ]
+        low = f"{min(m['success'] for m in by_seed.values()):.3f} / {min(m['entropy'] for m in by_seed.values()):.3f}"
+        return f"| {label} | {episodes} | " + " | ".join(cells) + f" | {low} |"
+
+    for resolution in sorted({r["resolution"] for r in ceiling}):
+        mine = [r for r in ceiling if r["resolution"] == resolution]
+        out.append(
+            line(
+                f"ideal sampler, resolution {resolution:g}",
+                mine[0]["episodes"],
+                {r["seed"]: r["metrics"] for r in mine},
+            )
+        )
+    groups: dict[tuple[str, float], list[Row]] = defaultdict(list)
+    b2 = [r for r in trained if r["task"] == "b2" and r["evals"] and r["seed"] in seeds]
+    for row, label in zip(b2, labels(b2), strict=True):
+        groups[(label, row["learning_rate"])].append(row)
+    for (label, lr), rows in sorted(groups.items()):
+        out.append(
+            line(
+                f"{label}, lr {lr:g}, {rows[0]['evals'][-1]['it']:,} iterations",
+                rows[0].get("eval_episodes") or "200",
+                {r["seed"]: _final(r) for r in rows},
+            )
+        )
     return "\n".join(out) + "\n"
