@@ -7,10 +7,12 @@ point are exported, encoded as snapshots, read back and scored through the engin
 The first evaluation point where every target of the task holds is the run's iterations-to-target; the
 wall-clock of the optimisation iterations up to it is its time-to-target.
 
-Every run of a variant is set beside the same run of the **engine loop**
-(:data:`~benchmarks.time_to_quality.variants.ENGINE_LOOP`): the training loop the engine's own trainer
-runs as far as the engine says (spec §7.2, §6.4): uniform t, AdamW with amsgrad at the given learning
-rate, no EMA, no schedule, the engine's initial networks, trained on the same data from the same seed.
+Every run of a variant is set beside the same run of an **engine-style loop**
+(:data:`~benchmarks.time_to_quality.variants.ENGINE_LOOP`, variant ``engine-loop``): la-trainer with
+uniform t, AdamW with amsgrad at the given learning rate, one rate for every weight, no EMA, no schedule,
+the engine's initial networks, trained on the same data from the same seed. That is what the engine's
+settings and spec §7.2/§6.4 describe; the engine's own flow-matching trainer source has not been seen, so
+it stands in for that trainer rather than copying it. Ratios compare runs at the same learning rate.
 
 Modules: :mod:`~.tasks` (tasks, targets, evaluation), :mod:`~.variants` (the training settings
 compared), :mod:`~.run` (one training with its evaluation points, one JSON line), :mod:`~.report`

@@ -1,4 +1,4 @@
-"""The training settings the benchmark compares: the trainer's default, the engine's own loop, and the
+"""The training settings the benchmark compares: the trainer's default, an engine-style loop, and the
 rows of the ablation, each as :class:`trainer.options.TrainerOptions` values (the trainer's own knobs,
 so every row is something a user can set in ``la-trainer.json``).
 
@@ -72,9 +72,11 @@ ENGINE_LOOP_OPTIONS: Mapping[str, object] = {
     "draws_per_row": 1,
     "heldout_share": 0.0,
 }
-"""The engine's own loop as far as the engine says (spec §6.4, §7.2): t ~ U[0, 1), no EMA, one learning
-rate for every weight, the plain linear path (no late-time source spread), no few-step distillation. AdamW with amsgrad at the config's learning rate and weight decay, constant, is what
-every variant's optimiser is."""
+"""An engine-style loop, as far as the engine's settings and spec §6.4/§7.2 say (its flow-matching trainer
+source has not been seen): t ~ U[0, 1), no EMA, one learning rate for every weight, the plain linear path
+(no late-time source spread), no few-step distillation, one (x0, t) draw per row, no held-out episodes.
+AdamW with amsgrad at the config's learning rate and weight decay, constant, is what every variant's
+optimiser is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +102,7 @@ class Variant:
 DEFAULT = Variant("default")
 """The trainer's defaults (:class:`TrainerOptions`)."""
 ENGINE_LOOP = Variant("engine-loop", ENGINE_LOOP_OPTIONS)
-"""The faithful re-implementation of the engine's own training loop."""
+"""The engine-style loop (:data:`ENGINE_LOOP_OPTIONS`), the baseline of every ratio."""
 _NAMED = {v.name: v for v in (DEFAULT, ENGINE_LOOP, Variant("frozen-encoder", {}, freeze_encoder=True))}
 
 
