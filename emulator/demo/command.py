@@ -141,10 +141,10 @@ def demo_command(
       la-trainer demo --seed 3 --out runs/seed3
     """
     started = time.monotonic()
-    check_output_folder(out_dir, "--out")  # before the recording: a wrong --out ends at once, exit 2
     plan = make_plan(
         iterations=iterations, seed=seed, ode_steps=ode_steps, quick=quick, time_limit_s=time_limit_s
     )
+    check_output_folder(out_dir, "--out")  # before the recording: a wrong --out ends at once, exit 2
     console = Console(tty=sys.stdout.isatty())
     outcome = run_demo(plan, out_dir, monitor=console, say=console.say, started=started)
     click.echo("")
