@@ -121,7 +121,13 @@ def test_a_killed_demo_leaves_no_region_and_no_scratch_folder(tmp_path: Path) ->
         assert sweep_stale_work_folders(scratch) == work  # the next demo's first step
         assert not [p for p in scratch.iterdir() if p.name.startswith("la-trainer")]
     finally:
-        for pid in (demo.pid, trainer):
-            if pid and _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        # On a failure: the demo first, so that its trainer still ends by itself and unlinks the
+        # regions (a trainer killed too would leave them); the trainer only if it does not end.
+        if demo.poll() is None:
+            demo.kill()
         demo.wait()
+        end = time.monotonic() + 60
+        while trainer and _alive(trainer) and time.monotonic() < end:
+            time.sleep(0.2)
+        if trainer and _alive(trainer):
+            os.kill(trainer, signal.SIGKILL)
