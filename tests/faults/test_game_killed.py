@@ -69,6 +69,21 @@ def check_common(run: KilledGame, expected: ExitCode, timeout: float, words: str
         assert found, "the snapshots written before the game died are gone"
 
 
+def check_killed_engines_regions_unlinked(run: KilledGame) -> None:
+    """Spawned mode: the killed engine never unlinks its regions (spec 2.1: the creator does), so the
+    trainer it spawned unlinks those it maps once it sees its parent gone (issue 24 item 8): the control
+    block always; the network and replay regions from the config on (before it, it never knew them)."""
+    engine = run.info["engine_regions"]
+    names = engine + ([run.info["controls_region"]] if "controls_region" in run.info else [])
+    try:
+        assert "controls_region" in run.info, run.describe()
+        left = sorted(name for name in names if region_exists(name))
+        expected = sorted(engine) if run.info["reached"] == "before-config" else []
+        assert left == expected, f"regions of the killed engine left in /dev/shm: {left}"
+    finally:
+        unlink_regions(names)
+
+
 def check_engine_regions_untouched(run: KilledGame) -> None:
     names = run.info["engine_regions"] + (
         [run.info["controls_region"]] if "controls_region" in run.info else []
@@ -89,7 +104,7 @@ def test_spawned_shared_memory(phase: str, tmp_path: Path) -> None:
     try:
         check_common(run, ExitCode.PEER_GONE, *SPAWNED[phase])
     finally:
-        check_engine_regions_untouched(run)
+        check_killed_engines_regions_unlinked(run)
 
 
 @pytest.mark.parametrize(
@@ -127,7 +142,7 @@ def test_broken_output_pipe_still_exits_peer_gone(tmp_path: Path) -> None:
         assert status.phase == "failed", status
         assert "went away during training" in status.message and "(phase: training)" in status.message, status
     finally:
-        check_engine_regions_untouched(run)
+        check_killed_engines_regions_unlinked(run)
 
 
 @pytest.mark.parametrize(
