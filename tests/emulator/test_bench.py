@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import emulator.bench
 from emulator.bench import TARGETS, TRAIN_CONFIGS, TrainConfig, bench_command, format_report
-from tests.trainer.test_ascii_output import non_ascii_literals
+from tests.support.ascii_scan import non_ascii_literals
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.configs import write_export
-from tests.trainer.test_record_cli import _files as recorder_files
-from tests.trainer.test_record_cli import _record as one_record
+from tests.support.recordings import make_record as one_record
+from tests.support.recordings import record_files as recorder_files
 from trainer.exitcodes import ExitCode
 
 pytestmark = [pytest.mark.integration]

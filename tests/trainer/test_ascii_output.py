@@ -8,8 +8,6 @@ non-ASCII character, and a message that quotes a non-ASCII path reaches the pipe
 
 from __future__ import annotations
 
-import ast
-import itertools
 import os
 import subprocess
 import sys
@@ -18,52 +16,10 @@ from pathlib import Path
 import pytest
 
 from emulator.launch import REPO_ROOT, TRAIN_SCRIPT
+from tests.support.ascii_scan import non_ascii_literals
 from trainer.exitcodes import ExitCode
 
 PRINTING_PACKAGES = ("trainer", "protocol")
-
-
-def _docstring_nodes(tree: ast.Module) -> set[int]:
-    """ids of docstrings (module, class, function) and attribute docstrings (a string after an
-    assignment): documentation, never printed."""
-    found: set[int] = set()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if not isinstance(body, list):
-            continue
-        if (
-            isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-        ):
-            found.add(id(body[0].value))
-        for before, after in itertools.pairwise(body):
-            if (
-                isinstance(before, ast.Assign | ast.AnnAssign)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-            ):
-                found.add(id(after.value))
-    return found
-
-
-def non_ascii_literals(root: Path) -> list[str]:
-    """``path:line: literal`` for every string literal (f-string parts included) under ``root`` that
-    holds a non-ASCII character and is not a docstring."""
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        docs = _docstring_nodes(tree)
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Constant)
-                and isinstance(node.value, str)
-                and id(node) not in docs
-                and not node.value.isascii()
-            ):
-                found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {node.value[:80]!r}")
-    return found
 
 
 def test_the_scan_finds_a_non_ascii_literal_and_skips_docstrings(tmp_path: Path) -> None:

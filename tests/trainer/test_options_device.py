@@ -13,8 +13,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from tests.trainer.test_record_cli import _files as recorder_files
-from tests.trainer.test_record_cli import _record as one_record
+from tests.support.recordings import make_record as one_record
+from tests.support.recordings import record_files as recorder_files
 from trainer.cli import main
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode

@@ -9,33 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from protocol.record import Record, write_records
+from protocol.record import Record
 from protocol.snapshot import read_snapshot_header
+from tests.support.recordings import OBSERVATION, make_record, record_files
 from trainer.exitcodes import ExitCode
 from trainer.record_cli import record_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
-OBSERVATION: dict[str, Any] = {
-    "VectorSize": 3,
-    "EncodedSize": 3,
-    "Type": "Continuous",
-    "Num": 3,
-    "Normalization": "AutoPerDimension",
-}
-ACTION: dict[str, Any] = {
-    "VectorSize": 2,
-    "DistributionSize": 4,
-    "EncodedSize": 4,
-    "ModifierSize": 5,
-    "Type": "Continuous",
-    "Num": 2,
-    "Normalization": "AutoPerDimension",
-}
 SET_OBSERVATION: dict[str, Any] = {
     "VectorSize": 3,
     "EncodedSize": 4,
@@ -48,31 +32,8 @@ SET_OBSERVATION: dict[str, Any] = {
 }
 
 
-def _record(steps: int, obs_dim: int = 3, act_dim: int = 2, seed: int = 0) -> Record:
-    rng = np.random.default_rng(seed)
-    return Record(
-        step_num=steps,
-        observation_dim_num=obs_dim,
-        action_dim_num=act_dim,
-        observation_compatibility_hash=11,
-        action_compatibility_hash=-22,
-        observations=rng.standard_normal((steps, obs_dim)).astype(np.float32),
-        actions=rng.standard_normal((steps, act_dim)).astype(np.float32),
-    )
-
-
-def _files(
-    tmp_path: Path, records: list[Record], observation: dict[str, Any] = OBSERVATION
-) -> tuple[Path, Path]:
-    record_file = tmp_path / "demo.record"
-    record_file.write_bytes(write_records(records))
-    schema_file = tmp_path / "schema.json"
-    schema_file.write_text(json.dumps({"ObservationSchema": observation, "ActionSchema": ACTION}))
-    return record_file, schema_file
-
-
 def test_record_trains_an_export_of_the_recording(tmp_path: Path) -> None:
-    record_file, schema_file = _files(tmp_path, [_record(40, seed=1), _record(25, seed=2)])
+    record_file, schema_file = record_files(tmp_path, [make_record(40, seed=1), make_record(25, seed=2)])
     out = tmp_path / "run"
     command = [sys.executable, "-m", "trainer.cli", "record", str(record_file), "--schema", str(schema_file)]
     options = ["--out", str(out), "--iterations", "30", "--batch-size", "16", "--hidden-size", "8"]
@@ -121,7 +82,7 @@ def _invoke(args: list[str]) -> Any:
 
 
 def test_a_schema_element_the_builder_cannot_build_is_bad_data(tmp_path: Path) -> None:
-    record_file, schema_file = _files(tmp_path, [_record(5)], observation=SET_OBSERVATION)
+    record_file, schema_file = record_files(tmp_path, [make_record(5)], observation=SET_OBSERVATION)
     result = _invoke([str(record_file), "--schema", str(schema_file), "--out", str(tmp_path / "run")])
     assert result.exit_code == ExitCode.BAD_DATA, result.output
     assert "ObservationSchema" in result.output and "Set" in result.output
@@ -139,7 +100,7 @@ def test_a_schema_element_the_builder_cannot_build_is_bad_data(tmp_path: Path) -
 def test_a_schema_file_that_is_not_the_recorders_is_a_usage_error(
     tmp_path: Path, document: str, needle: str
 ) -> None:
-    record_file, schema_file = _files(tmp_path, [_record(5)])
+    record_file, schema_file = record_files(tmp_path, [make_record(5)])
     schema_file.write_text(document)
     result = _invoke([str(record_file), "--schema", str(schema_file)])
     assert result.exit_code == ExitCode.USAGE, result.output
@@ -150,20 +111,20 @@ def test_a_schema_file_that_is_not_the_recorders_is_a_usage_error(
     ("records", "needle"),
     [
         ([], "hold no records"),
-        ([_record(5), _record(5, obs_dim=4)], "records do not fit together"),
+        ([make_record(5), make_record(5, obs_dim=4)], "records do not fit together"),
     ],
 )
 def test_records_that_cannot_be_trained_on_are_bad_data(
     tmp_path: Path, records: list[Record], needle: str
 ) -> None:
-    record_file, schema_file = _files(tmp_path, records)
+    record_file, schema_file = record_files(tmp_path, records)
     result = _invoke([str(record_file), "--schema", str(schema_file), "--out", str(tmp_path / "run")])
     assert result.exit_code == ExitCode.BAD_DATA, result.output
     assert needle in result.output
 
 
 def test_a_malformed_record_file_is_bad_data(tmp_path: Path) -> None:
-    record_file, schema_file = _files(tmp_path, [_record(5)])
+    record_file, schema_file = record_files(tmp_path, [make_record(5)])
     record_file.write_bytes(record_file.read_bytes()[:-3])
     result = _invoke([str(record_file), "--schema", str(schema_file)])
     assert result.exit_code == ExitCode.BAD_DATA, result.output
