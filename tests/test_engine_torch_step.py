@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.torch_use import REPO_ROOT, imports_torch, suite_test_files
+from tests.support.torch_use import KEPT_OFF_ENGINE_TORCH, REPO_ROOT, imports_torch, suite_test_files
 
 SCRIPT = REPO_ROOT / "scripts" / "test_engine_torch.sh"
 DIRECT_TORCH_IMPORT = re.compile(r"^\s*(import torch\b|from torch\b)", re.M)
@@ -75,6 +75,31 @@ def test_what_counts_as_importing_torch(tmp_path: Path) -> None:
         "test_inside_a_test.py",
         "test_guarded.py",
     }
+
+
+def collect(*options: str) -> list[str]:
+    """Node ids of the suite that pytest collects with ``options``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *options, "tests"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return [line for line in done.stdout.splitlines() if line.startswith("tests/") and "::" in line]
+
+
+@pytest.mark.slow
+def test_every_test_kept_out_of_the_step_is_named_and_every_name_matches() -> None:
+    kept_out = collect("-o", "addopts=--strict-markers", "-m", "torch and not_on_engine_torch")
+    for prefix in KEPT_OFF_ENGINE_TORCH:
+        assert any(node.startswith(prefix) for node in kept_out), (
+            f"no torch test matches {prefix!r}: stale entry"
+        )
+    # The table is an exception list, not the step: most of the torch tests stay in.
+    everything = collect("-o", "addopts=--strict-markers", "-m", "torch")
+    assert len(kept_out) < len(everything) / 5, (len(kept_out), len(everything))
 
 
 @pytest.mark.slow

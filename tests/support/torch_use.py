@@ -110,6 +110,53 @@ def imports_torch(path: Path, root: Path = REPO_ROOT) -> bool:
     return TORCH in _closure(path.resolve(), root.resolve())
 
 
+_SESSIONS = (
+    "the sessions of tests/integration/test_modes.py and test_real_install.py run the same trainer code"
+)
+KEPT_OFF_ENGINE_TORCH: dict[str, str] = {
+    # Wall-clock waits, not torch: a game paused for PAUSE_S, a BeginTraining LATE_START_S late.
+    "tests/integration/test_real_install.py::test_a_game_paused_after_the_first_round_still_gets_the_final_"
+    "networks_and_complete": f"waits out a paused game (80 s); {_SESSIONS}",
+    "tests/integration/test_real_install.py::test_a_game_that_begins_training_late_is_served": (
+        f"waits out a late BeginTraining (LATE_START_S; 300 s in the recorded long-wait run); {_SESSIONS}"
+    ),
+    # Failure handling of a job of several processes (our watchdog and launcher; a killed rank's gloo errors
+    # and the collectives stay in the step).
+    "tests/trainer/test_distributed.py::test_a_frozen_rank_is_caught_by_the_watchdog": (
+        "waits for our watchdog (up to 120 s); gloo's failure path runs in test_a_killed_rank_ends_the_job..."
+    ),
+    "tests/trainer/test_distributed.py::test_the_engine_spawns_two_processes_through_the_launcher_and_stops_them": (
+        "the launcher's process handling; torchrun runs in tests/integration/test_torchrun.py"
+    ),
+    "tests/integration/test_torchrun.py::test_the_engine_spawned_drop_in_reexecutes_under_torchrun": (
+        "the re-exec path; test_torchrun_on_the_drop_in_completes_a_session_and_leaves_nothing_behind runs torchrun"
+    ),
+    "tests/integration/test_torchrun.py::test_wrong_inputs_of_an_engine_spawned_scale_out_end_with_their_exit_code": (
+        "exit codes before training"
+    ),
+    "tests/integration/test_heldout_scaleout.py": "held-out measurement under torchrun; torchrun and held-out run elsewhere",
+    # Transport faults, hand-over, launch errors and packaging: the trainer's torch use is that of the sessions.
+    "tests/faults/test_game_killed.py::test_spawned_shared_memory[": f"a killed game, one per moment; {_SESSIONS}",
+    "tests/faults/test_game_killed.py::test_attach_mode": f"a killed game in attach mode; {_SESSIONS}",
+    "tests/faults/test_game_killed.py::test_broken_output_pipe": f"a closed stdout; {_SESSIONS}",
+    "tests/faults/test_serve.py::test_one_server_serves_two_sessions": f"server mode across sessions; {_SESSIONS}",
+    "tests/integration/test_handover.py": "hands other methods to the engine's script before training starts",
+    "tests/integration/test_launch_errors.py": "bad launch inputs end with their exit code before training starts",
+    "tests/integration/test_wheel.py": "packaging (builds and installs a wheel)",
+    "tests/integration/test_run_status.py": f"`la-trainer watch` output; {_SESSIONS}",
+    "tests/integration/test_demo.py::test_time_limit": "the demo's time limit; the quick demo runs here",
+    "tests/trainer/test_install_engine.py::test_the_installed_shim_trains": f"the installed shim; {_SESSIONS}",
+}
+"""Tests kept out of the engine-torch step for time, by node-id prefix, each with its reason; every entry
+must match a collected test (tests/test_engine_torch_step.py). The step's budget is about 5 minutes on 2
+cores, which the whole torch set overruns about threefold."""
+
+
+def kept_off_reason(nodeid: str) -> str | None:
+    """The reason ``nodeid`` is kept out of the engine-torch step, if a prefix of the table matches it."""
+    return next((why for prefix, why in KEPT_OFF_ENGINE_TORCH.items() if nodeid.startswith(prefix)), None)
+
+
 def suite_test_files() -> list[Path]:
     """Every test module of the suite (``tests/**/test_*.py``), sorted."""
     return sorted((REPO_ROOT / "tests").rglob("test_*.py"))
