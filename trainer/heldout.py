@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from trainer.data import MIN_STD, TrainingData
 from trainer.flow import TimeDistribution, flow_matching_loss
@@ -242,19 +242,6 @@ class HeldOutMetrics:
         return f"held-out loss {self.flow_loss:.4f} ES {self.energy_score:.3f} cov {self.coverage:.2f}"
 
 
-class _Sampler:
-    """The networks the game gets (the EMA ones when enabled) with the model's standardisations."""
-
-    def __init__(self, model: Any) -> None:
-        encoder, denoiser = model.encoder, model.denoiser
-        if model.ema_denoiser is not None:
-            denoiser = model.ema_denoiser
-            if model.ema_encoder is not None:
-                encoder = model.ema_encoder
-        self.encoder: nn.Module = encoder
-        self.denoiser: nn.Module = denoiser
-
-
 @dataclass(eq=False)
 class HeldOutEvaluator:
     """Measures a :class:`trainer.model.FlowModel` on the held-out rows (module docstring). Build with
@@ -364,11 +351,11 @@ class HeldOutEvaluator:
         return metrics
 
     def _flow_loss(self, model: Any) -> float:
-        nets = _Sampler(model)
+        encoder, denoiser = model.sampling_networks()
         path = model.flow_path(self.loss_x0, self.loss_x1, self.loss_t)
-        z = (nets.encoder(self.loss_obs) - model.latent_mean) / model.latent_std
+        z = (encoder(self.loss_obs) - model.latent_mean) / model.latent_std
         x = (path.x_t - model.x_mean) / model.x_std
-        pred = nets.denoiser(torch.cat((z, x, self.loss_t), dim=1))
+        pred = denoiser(torch.cat((z, x, self.loss_t), dim=1))
         return float(flow_matching_loss(pred, model.standardize_velocity(path.target)))
 
     def actions_record(self, iteration: int) -> dict[str, Any]:

@@ -503,7 +503,7 @@ class FlowModel(nn.Module):
         """Actions (B, A) in raw units and the decoder's chunk layout, the way the engine computes them
         (spec §6.4): latents, ``steps`` Euler steps from ``x0`` (B, A) (the caller's N(0, I) draw), then
         the decoder's affine map. Uses the EMA weights when enabled and ``use_ema``, like :meth:`export`."""
-        encoder, denoiser = self._networks(use_ema)
+        encoder, denoiser = self.sampling_networks(use_ema)
         z = (encoder(obs) - self.latent_mean) / self.latent_std
         batch = obs.shape[0]
 
@@ -524,7 +524,7 @@ class FlowModel(nn.Module):
         goes back byte-identical. Denoiser: first Linear folded with the latent and x standardisation
         (and what the encoder handed on), final Denormalize set to the velocity de-standardisation.
         Decoder: the written decoder (Embed false: the received value)."""
-        encoder, denoiser = self._networks(use_ema)
+        encoder, denoiser = self.sampling_networks(use_ema)
         encoder_layer = (
             from_torch(encoder, self._encoder_template)
             if self.placement.encoder_trained
@@ -546,7 +546,10 @@ class FlowModel(nn.Module):
         )
         return ExportedNetworks(denoiser=layer, encoder=encoder_layer, decoder=self._decoder_layer)
 
-    def _networks(self, use_ema: bool) -> tuple[nn.Module, nn.Module]:
+    def sampling_networks(self, use_ema: bool = True) -> tuple[nn.Module, nn.Module]:
+        """(encoder, denoiser) as the game gets them: the EMA copies when enabled (the encoder's only when
+        it is trained). One owner for sampling, export, the held-out measurement and the distillation
+        teacher."""
         if use_ema and self.ema_denoiser is not None:
             encoder = self.ema_encoder if self.ema_encoder is not None else self.encoder
             return encoder, self.ema_denoiser

@@ -188,11 +188,7 @@ class Teacher:
     standardisations. Built once, at the end of ordinary training."""
 
     def __init__(self, model: FlowModel) -> None:
-        encoder, denoiser = model.encoder, model.denoiser
-        if model.ema_denoiser is not None:
-            denoiser = model.ema_denoiser
-            if model.ema_encoder is not None:
-                encoder = model.ema_encoder
+        encoder, denoiser = model.sampling_networks()
         self.encoder: nn.Module = copy.deepcopy(encoder).requires_grad_(False)
         self.denoiser: nn.Module = copy.deepcopy(denoiser).requires_grad_(False)
         self.model = model  # for the standardisation buffers, which training never changes
