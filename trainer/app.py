@@ -234,11 +234,18 @@ def run_with_link(
         _emit(paragraph)
         return code
     finally:
-        if link is not None:
-            try:
-                link.close()
-            except Exception as error:
-                _emit(f"la-trainer: warning: cleanup failed: {error}")
+        _close_link(link)
+
+
+def _close_link(link: TrainerLink | None) -> None:
+    """Closes a run's link on the way out: a failure to clean up is a warning, never the run's outcome
+    (which is already decided by then)."""
+    if link is None:
+        return
+    try:
+        link.close()
+    except Exception as error:
+        _emit(f"la-trainer: warning: cleanup failed: {error}")
 
 
 class ServingLink(Protocol):
@@ -334,11 +341,7 @@ def serve_sessions(
         _emit(paragraph)
         return int(exit_code_for(error))
     finally:
-        if link is not None:
-            try:
-                link.close()
-            except Exception as error:
-                _emit(f"la-trainer: warning: cleanup failed: {error}")
+        _close_link(link)
 
 
 def open_link_for_launch(
