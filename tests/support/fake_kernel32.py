@@ -96,6 +96,8 @@ class FakeKernel32:
         self.own = own
         self.mappings = mappings or {}
         """Mapping name -> whether we may open it (False: it exists, access denied)."""
+        self.other_handles: dict[str, int] = {}
+        """Mapping name -> handles to it that other processes hold (a game that opened it)."""
         self.handles: dict[int, object] = {}
         self.last_error = 0
         self.calls: list[str] = []
@@ -202,3 +204,25 @@ class FakeKernel32:
         if not self.mappings[name]:
             return self._fail(ERROR_ACCESS_DENIED)
         return self._handle(name)
+
+    # ntdll (the same fake serves as both libraries: Library("ntdll", lambda: fake))
+
+    def _NtQueryObject(self, handle: int, klass: int, buffer: Any, length: int, returned: Any) -> int:
+        """ObjectBasicInformation of a mapping handle: HandleCount is every open handle to the mapping,
+        ours (in this fake's handle table) and other processes'."""
+        status_invalid_handle, status_info_length_mismatch, status_invalid_info_class = (
+            -0x3FFFFFF8,  # 0xC0000008 as a LONG
+            -0x3FFFFFFC,  # 0xC0000004
+            -0x3FFFFFFD,  # 0xC0000003
+        )
+        name = self.handles.get(handle or 0)
+        if not isinstance(name, str):
+            return status_invalid_handle
+        if klass != 0:
+            return status_invalid_info_class
+        info = buffer._obj
+        if length < ctypes.sizeof(info):
+            return status_info_length_mismatch
+        ours = sum(1 for target in self.handles.values() if target == name)
+        info.HandleCount = ours + self.other_handles.get(name, 0)
+        return 0

@@ -4,6 +4,7 @@ when opening (spec §2.1, §11 item 8)."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 
 import pytest
@@ -13,6 +14,7 @@ from protocol.guid import os_shm_name
 from tests.support.fake_kernel32 import FakeKernel32, Process
 from trainer.errors import LaunchError
 from trainer.transport import win32
+from trainer.transport.mappers import HandleCountWatch
 
 GUID = "{6B29FC40-CA47-1067-B31D-00DD010662DA}"
 
@@ -94,3 +96,53 @@ def test_a_mapping_that_refuses_us_still_exists() -> None:
     unlinked it, so it is not reported gone."""
     fake = FakeKernel32([], own=Process(70, 1, "python.exe", 1), mappings={GUID: False})
     assert mapping_exists(fake, GUID)
+
+
+# --- attach mode: the game's liveness through the handle count of our mapping (trainer/transport/mappers) --
+
+
+def handle_watch(fake: FakeKernel32) -> HandleCountWatch:
+    return HandleCountWatch(
+        GUID, kernel32=win32.Library("kernel32", lambda: fake), ntdll=win32.Library("ntdll", lambda: fake)
+    )
+
+
+def test_the_game_is_followed_while_it_holds_a_handle_to_the_block() -> None:
+    """The baseline is this trainer's own handles, taken before any game; the game's handle (the engine
+    keeps it until it unmaps the block) lifts the count; when the game is killed the kernel closes it."""
+    fake = FakeKernel32([], own=Process(70, 1, "python.exe", 1), mappings={GUID: True})
+    fake.other_handles[GUID] = 1  # the trainer's own mmap of the block it created
+    watch = handle_watch(fake)
+    assert watch.baseline == 2  # the mmap's handle and the watch's own
+    assert not watch.attach() and watch.alive()  # no game yet: cannot tell, the bound stays
+    fake.other_handles[GUID] = 2  # the game opened the block
+    assert watch.attach() and watch.watching and watch.alive()
+    assert "holds 1 handle" in watch.describe()
+    fake.other_handles[GUID] = 1  # the game died: its handle is closed
+    assert not watch.alive()
+    watch.close()
+    assert fake.handles == {}  # the watch's handle is not leaked
+
+
+def test_a_count_that_cannot_be_read_never_judges_the_game_gone() -> None:
+    fake = FakeKernel32([], own=Process(70, 1, "python.exe", 1), mappings={GUID: False})  # access denied
+    watch = handle_watch(fake)
+    assert watch.baseline is None and not watch.attach() and watch.alive()
+    fake = FakeKernel32([], own=Process(70, 1, "python.exe", 1), mappings={GUID: True})
+    watch = handle_watch(fake)
+    fake.other_handles[GUID] = 3
+    assert watch.attach()
+    fake.handles.clear()  # the handle went bad: NtQueryObject fails (STATUS_INVALID_HANDLE)
+    assert watch.handle_count() is None and watch.alive()
+
+
+def test_the_handle_count_query_needs_its_prototype() -> None:
+    """The watch's 64-bit handle passes NtQueryObject only through the declared prototype: without it the
+    call fails as on 64-bit Windows (issue 22's class of error)."""
+    fake = FakeKernel32([], own=Process(70, 1, "python.exe", 1), mappings={GUID: True})
+    watch = handle_watch(fake)
+    assert watch.handle_count() == 1
+    raw = fake["NtQueryObject"]  # no argtypes: arguments pass as C ints
+    info = win32.PUBLIC_OBJECT_BASIC_INFORMATION()
+    with pytest.raises(ctypes.ArgumentError):
+        raw(watch._handle, 0, ctypes.byref(info), ctypes.sizeof(info), None)

@@ -55,6 +55,11 @@ PROCESSENTRY32W = (
     },
 )
 LPPROCESSENTRY32W = ("pointer", PROCESSENTRY32W)
+NTSTATUS = ("int", True, 32)  # typedef LONG NTSTATUS
+ULONG = ("int", False, 32)
+OBJECT_INFORMATION_CLASS = ("int", True, 32)  # an enum: a C int
+PVOID = ("pointer", "opaque")
+PULONG = ("pointer", ULONG)
 
 DOCUMENTED: dict[tuple[str, str], tuple[Any, tuple[Any, ...]]] = {
     ("kernel32", "GetCurrentProcess"): (HANDLE, ()),
@@ -67,6 +72,9 @@ DOCUMENTED: dict[tuple[str, str], tuple[Any, tuple[Any, ...]]] = {
     ("kernel32", "Process32NextW"): (BOOL, (HANDLE, LPPROCESSENTRY32W)),
     ("kernel32", "CloseHandle"): (BOOL, (HANDLE,)),
     ("kernel32", "OpenFileMappingW"): (HANDLE, (DWORD, BOOL, LPCWSTR)),
+    # NtQueryObject(HANDLE Handle, OBJECT_INFORMATION_CLASS ObjectInformationClass, PVOID ObjectInformation,
+    #               ULONG ObjectInformationLength, PULONG ReturnLength) -> NTSTATUS
+    ("ntdll", "NtQueryObject"): (NTSTATUS, (HANDLE, OBJECT_INFORMATION_CLASS, PVOID, ULONG, PULONG)),
     ("libc", "prctl"): (C_INT, (C_INT, LINUX_ULONG, LINUX_ULONG, LINUX_ULONG, LINUX_ULONG)),
 }
 
@@ -112,7 +120,11 @@ _LOADERS = {
 }
 # Where a DLL may be loaded: the library of trainer.transport.win32, and libc for the test support's prctl
 # (each applies a declared prototype to what it takes from the DLL).
-_LOADING_ALLOWED = {("trainer/transport/win32.py", "kernel32"), ("tests/support/faults.py", "libc_prctl")}
+_LOADING_ALLOWED = {
+    ("trainer/transport/win32.py", "kernel32"),
+    ("trainer/transport/win32.py", "ntdll"),
+    ("tests/support/faults.py", "libc_prctl"),
+}
 
 
 def python_files() -> list[Path]:
@@ -140,17 +152,18 @@ def dll_loads(tree: ast.AST) -> list[tuple[str, int]]:
     return found
 
 
-def kernel32_calls(tree: ast.AST) -> set[str]:
-    """Names of the functions taken from a :func:`trainer.transport.win32.kernel32` library: attributes of
-    ``kernel32()`` itself and of every name or attribute it is assigned to (``self._k32``, ``kernel32``)."""
+def kernel32_calls(tree: ast.AST, dll: str = "kernel32") -> set[str]:
+    """Names of the functions taken from a :func:`trainer.transport.win32.kernel32` (or ``ntdll``) library:
+    attributes of ``kernel32()`` itself and of every name or attribute it is assigned to (``self._k32``,
+    ``kernel32``)."""
 
     def is_library(node: ast.AST) -> bool:
         return any(
-            isinstance(call, ast.Call) and ast.unparse(call.func).split(".")[-1] == "kernel32"
+            isinstance(call, ast.Call) and ast.unparse(call.func).split(".")[-1] == dll
             for call in ast.walk(node)
         )
 
-    bound = {"kernel32"}  # parameters named after the library (the seams of shm.py)
+    bound = {dll}  # parameters named after the library (the seams of shm.py)
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and is_library(node.value):
             bound.update(ast.unparse(target) for target in node.targets)
@@ -165,10 +178,10 @@ def kernel32_calls(tree: ast.AST) -> set[str]:
     }
 
 
-def source_calls() -> dict[str, set[str]]:
+def source_calls(dll: str = "kernel32") -> dict[str, set[str]]:
     calls: dict[str, set[str]] = {}
     for path in python_files():
-        names = kernel32_calls(ast.parse(path.read_text(encoding="utf-8")))
+        names = kernel32_calls(ast.parse(path.read_text(encoding="utf-8")), dll)
         if names:
             calls[path.relative_to(ROOT).as_posix()] = names
     return calls
@@ -198,6 +211,12 @@ def test_every_kernel32_function_the_code_calls_is_declared() -> None:
     assert {"OpenProcess", "GetProcessTimes", "GetCurrentProcess"} <= calls["trainer/transport/liveness.py"]
     assert {"OpenFileMappingW", "CloseHandle"} <= calls["trainer/transport/shm.py"]
     assert set().union(*calls.values()) == declared, "a declared prototype no code calls"
+
+
+def test_every_ntdll_function_the_code_calls_is_declared() -> None:
+    calls = source_calls("ntdll")
+    declared = {prototype.name for prototype in win32.PROTOTYPES if prototype.dll == "ntdll"}
+    assert calls == {"trainer/transport/mappers.py": declared} and declared == {"NtQueryObject"}
 
 
 def test_the_scan_finds_an_undeclared_call() -> None:
@@ -239,9 +258,12 @@ def test_the_types_have_their_win64_sizes_here() -> None:
         win32.LPCWSTR: 8,
         win32.FILETIME: 8,
         win32.PROCESSENTRY32W: 568,
+        win32.PUBLIC_OBJECT_BASIC_INFORMATION: 56,
     }
     assert {ctype: ctypes.sizeof(ctype) for ctype in sizes} == sizes
     assert win32.INVALID_HANDLE_VALUE == (1 << 64) - 1
+    # winternl.h: ULONG Attributes, GrantedAccess, HandleCount, PointerCount, Reserved[10].
+    assert win32.PUBLIC_OBJECT_BASIC_INFORMATION.HandleCount.offset == 8
 
 
 class _FakeFunction:

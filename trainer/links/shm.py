@@ -45,7 +45,7 @@ from trainer.timeouts import WAIT_ADVICE, Timeouts
 from trainer.transport.files import CONFIG_FILE_LIMIT
 from trainer.transport.liveness import parent_watch
 from trainer.transport.lockfile import ControlBlockLock
-from trainer.transport.mappers import MapperWatch, mapper_scan_available
+from trainer.transport.mappers import GameWatch, game_watch
 from trainer.transport.shm import SharedRegion, region_exists, unlink_orphaned
 from trainer.transport.staging import ReplayStaging
 from trainer.transport.wait import StopRequested, WaitRule, after_grace, say, wait_until
@@ -151,8 +151,12 @@ class ShmTrainerLink:
             why_unseen="attach mode (-c)" if create else "the trainer was not started by the game",
             output=output,
         )
-        # Attach mode: who maps our control block shows the game's liveness (found once it has come).
-        self._mappers: MapperWatch | None = None
+        # Attach mode: who maps our control block shows the game's liveness (found once it has come). The
+        # watch is made now, before any game: on Windows it counts this trainer's own handles first.
+        self._game_watch: GameWatch | None = (
+            game_watch(self._controls_name, self._platform) if create else None
+        )
+        self._mappers: GameWatch | None = None
         self._next_peer_check = time.monotonic() + self._timeouts.peer_check_interval
 
     @property
@@ -257,13 +261,13 @@ class ShmTrainerLink:
         """Attach mode, the game has raised ConfigSignal: follow the processes that map our control block
         if they can be seen (then waits have no bound), else keep the bound; say which."""
         bound = self._timeouts.wait
-        if not mapper_scan_available(self._platform):
+        watch = self._game_watch
+        if watch is None:
             self._say(
                 f"la-trainer: this platform does not show which processes map the control block, so the "
                 f"game's liveness cannot be seen: each wait on it stays bounded by {bound:g} s; {WAIT_ADVICE}."
             )
             return
-        watch = MapperWatch(self._controls_name)
         if not watch.attach():
             self._say(
                 f"la-trainer: no other process of this user maps the control block {self._controls_name} "
@@ -273,10 +277,9 @@ class ShmTrainerLink:
             return
         self._mappers = watch
         self._rule = WaitRule(self._timeouts, visible=True, output=self._say)
-        pids = ", ".join(str(pid) for pid in sorted(watch.pids))
         self._say(
-            f"la-trainer: the game (pid {pids}) maps the control block: waits follow that process with no "
-            f"bound, and its end is noticed within {self._timeouts.peer_check_interval:g} s."
+            f"la-trainer: {watch.describe()}: waits follow it with no bound, and its end is noticed within "
+            f"{self._timeouts.peer_check_interval:g} s."
         )
 
     def peek_trainer_method(self) -> str:
@@ -523,6 +526,8 @@ class ShmTrainerLink:
             self._release_session()
         finally:
             try:
+                if self._game_watch is not None:
+                    self._game_watch.close()
                 self._control_region.close()
             finally:
                 self._lock.release()

@@ -8,9 +8,15 @@ is ours, so its existence says nothing either. The kernel does know who maps it:
   a line naming that file (and its inode) in ``/proc/<pid>/maps``, and the line disappears with the
   process, however it ends (SIGKILL included). A game is alive while a process other than this trainer
   and its descendants (which inherit our mappings across ``fork``) maps the block.
-* **Elsewhere** (Windows, macOS): not available here; the caller keeps its bounded wait and says so.
-  [Windows would need the handle count of the file mapping object (``NtQueryObject``), undocumented
-  enough that without a Windows machine to prove it on, the bound stays.]
+* **Windows**: a named file mapping lives while a handle to it is open, and the engine keeps the handle
+  it opened the block with until it unmaps the block (``FWindowsPlatformMemory::MapNamedSharedMemoryRegion``
+  stores it in the region; ``UnmapNamedSharedMemoryRegion`` closes it; a killed process's handles are
+  closed by the kernel). ``NtQueryObject(ObjectBasicInformation)`` tells how many handles to the mapping
+  are open in all processes: :class:`HandleCountWatch` counts ours before any game comes (the baseline)
+  and sees the game while the count is above it. The call and its structure are declared in
+  :mod:`trainer.transport.win32` and checked against the documented signature; no Windows machine runs
+  it here, so a count that cannot be read keeps the bound (never a game judged gone on a failed call).
+* **Elsewhere** (macOS): not available; the caller keeps its bounded wait and says so.
 
 ``/proc/<pid>/maps`` of another user's process is unreadable without privileges, so a game run by another
 user is invisible: :func:`find_mappers` then finds nobody, and the caller falls back to its bound.
@@ -22,13 +28,24 @@ every :data:`MAPS_RECHECK_S` seconds.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
-__all__ = ["MapperWatch", "find_mappers", "mapper_scan_available"]
+from trainer.transport import win32
+
+__all__ = [
+    "GameWatch",
+    "HandleCountWatch",
+    "MapperWatch",
+    "find_mappers",
+    "game_watch",
+    "mapper_scan_available",
+]
 
 _PROC = Path("/proc")
 _DEV_SHM = "/dev/shm/"
@@ -161,3 +178,109 @@ class MapperWatch:
             self._maps_due = now + MAPS_RECHECK_S
             self.pids = {pid for pid in self.pids if _maps_region(pid, self._path, self._inode)}
         return bool(self.pids)
+
+    def describe(self) -> str:
+        """Who was found, for the log line that says which liveness check runs."""
+        pids = ", ".join(str(pid) for pid in sorted(self.pids))
+        return f"the game (pid {pids}) maps the control block"
+
+    def close(self) -> None:
+        """Nothing to release (the maps are read by path)."""
+
+
+class GameWatch(Protocol):
+    """The liveness of a game that maps our control block (:class:`MapperWatch`, :class:`HandleCountWatch`)."""
+
+    @property
+    def watching(self) -> bool:
+        """:meth:`attach` found the game: :meth:`alive` tells."""
+
+    def attach(self) -> bool:
+        """Look for the game now that it has shown itself; True when it can be followed."""
+
+    def alive(self) -> bool:
+        """False once the game that :meth:`attach` found is gone (True while it cannot tell)."""
+
+    def describe(self) -> str:
+        """What :meth:`attach` found, for the log."""
+
+    def close(self) -> None:
+        """Release what the watch holds."""
+
+
+FILE_MAP_READ = 0x0004
+OBJECT_BASIC_INFORMATION = 0
+"""``ObjectBasicInformation`` of ``OBJECT_INFORMATION_CLASS``."""
+
+
+class HandleCountWatch:
+    """Windows: the game's liveness through the number of open handles to our control block's mapping.
+
+    Made when the block is created, before any game can have opened it: it opens one handle of its own
+    (read access: the query needs none in particular) and takes the count then as the baseline, which
+    holds every handle of this trainer. Once the game has shown itself, :meth:`attach` is True when the
+    count is above the baseline, and :meth:`alive` stays True while it is. A count that cannot be read
+    (the open or the query failed) makes the watch unable to tell: never a game judged gone on a failed
+    call. ``kernel32``/``ntdll`` are seams for tests.
+    """
+
+    def __init__(
+        self, name: str, *, kernel32: win32.Library | None = None, ntdll: win32.Library | None = None
+    ) -> None:
+        self.name = name
+        self._kernel32 = kernel32 if kernel32 is not None else win32.kernel32()
+        self._ntdll = ntdll if ntdll is not None else win32.ntdll()
+        self._handle: int | None = self._kernel32.OpenFileMappingW(FILE_MAP_READ, False, name) or None
+        self.baseline = self.handle_count()
+        """Open handles to the mapping before any game (all of them this trainer's)."""
+        self.found = 0
+        """Handles above the baseline when :meth:`attach` looked (the game's)."""
+        self.watching = False
+
+    def handle_count(self) -> int | None:
+        """Open handles to the mapping in all processes, or None when it cannot be read."""
+        if self._handle is None:
+            return None
+        info = win32.PUBLIC_OBJECT_BASIC_INFORMATION()
+        status = self._ntdll.NtQueryObject(
+            self._handle, OBJECT_BASIC_INFORMATION, ctypes.byref(info), ctypes.sizeof(info), None
+        )
+        return int(info.HandleCount) if status >= 0 else None
+
+    def attach(self) -> bool:
+        count = self.handle_count()
+        if self.baseline is None or count is None or count <= self.baseline:
+            self.watching = False
+            return False
+        self.found = count - self.baseline
+        self.watching = True
+        return True
+
+    def alive(self) -> bool:
+        if not self.watching:
+            return True
+        count = self.handle_count()
+        return count is None or self.baseline is None or count > self.baseline
+
+    def describe(self) -> str:
+        return f"the game holds {self.found} handle(s) to the control block's mapping"
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._kernel32.CloseHandle(self._handle)
+            self._handle = None
+
+
+def game_watch(name: str, platform: str | None = None) -> GameWatch | None:
+    """The watch this platform offers for region ``name`` (None: the game's liveness cannot be seen).
+
+    Make it when the control block has just been created, before any game: the Windows watch takes its
+    baseline then. ``platform`` is the name the link works under; a Windows watch also needs this process
+    to run on Windows (tests run the link under other platform names).
+    """
+    platform = platform or sys.platform
+    if mapper_scan_available(platform):
+        return MapperWatch(name)
+    if platform == "win32" and sys.platform == "win32":  # pragma: no cover - Windows
+        return HandleCountWatch(name)
+    return None

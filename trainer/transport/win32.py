@@ -39,11 +39,13 @@ __all__ = [
     "LPWSTR",
     "PROCESSENTRY32W",
     "PROTOTYPES",
+    "PUBLIC_OBJECT_BASIC_INFORMATION",
     "Library",
     "Prototype",
     "error",
     "kernel32",
     "last_error",
+    "ntdll",
 ]
 
 HANDLE = ctypes.c_void_p
@@ -52,6 +54,11 @@ DWORD = ctypes.c_uint32
 BOOL = ctypes.c_int32
 """A 32-bit ``int``: nonzero is success."""
 LONG = ctypes.c_int32
+ULONG = ctypes.c_uint32
+NTSTATUS = ctypes.c_int32
+"""A ``LONG``: 0 (STATUS_SUCCESS) and other non-negative values are success."""
+OBJECT_INFORMATION_CLASS = ctypes.c_int32
+"""An enum (a C ``int``); ``ObjectBasicInformation`` is 0."""
 ULONG_PTR = ctypes.c_size_t
 WCHAR = ctypes.c_uint16
 """One UTF-16 code unit (inside structures; see the module docstring)."""
@@ -94,6 +101,19 @@ class PROCESSENTRY32W(ctypes.Structure):
     )
 
 
+class PUBLIC_OBJECT_BASIC_INFORMATION(ctypes.Structure):
+    """What ``NtQueryObject(..., ObjectBasicInformation, ...)`` fills in (winternl.h; 56 bytes):
+    ``HandleCount`` is the number of open handles to the object in every process."""
+
+    _fields_ = (
+        ("Attributes", ULONG),
+        ("GrantedAccess", ULONG),
+        ("HandleCount", ULONG),
+        ("PointerCount", ULONG),
+        ("Reserved", ULONG * 10),
+    )
+
+
 LPFILETIME = ctypes.POINTER(FILETIME)
 LPPROCESSENTRY32W = ctypes.POINTER(PROCESSENTRY32W)
 
@@ -127,6 +147,13 @@ PROTOTYPES: tuple[Prototype, ...] = (
     Prototype("kernel32", "CloseHandle", BOOL, (HANDLE,)),
     # Named shared memory (trainer/transport/shm.py).
     Prototype("kernel32", "OpenFileMappingW", HANDLE, (DWORD, BOOL, LPCWSTR)),
+    # Attach mode: who holds the control block open (trainer/transport/mappers.py).
+    Prototype(
+        "ntdll",
+        "NtQueryObject",
+        NTSTATUS,
+        (HANDLE, OBJECT_INFORMATION_CLASS, ctypes.c_void_p, ULONG, ctypes.POINTER(ULONG)),
+    ),
 )
 
 _BY_NAME = {(prototype.dll, prototype.name): prototype for prototype in PROTOTYPES}
@@ -168,6 +195,17 @@ def kernel32() -> Library:
     if _kernel32 is None:
         _kernel32 = Library("kernel32", lambda: ctypes.WinDLL("kernel32", use_last_error=True))  # type: ignore[attr-defined,unused-ignore]
     return _kernel32
+
+
+_ntdll: Library | None = None
+
+
+def ntdll() -> Library:
+    """ntdll.dll (Windows). Its functions return an NTSTATUS rather than setting the last error."""
+    global _ntdll
+    if _ntdll is None:
+        _ntdll = Library("ntdll", lambda: ctypes.WinDLL("ntdll"))  # type: ignore[attr-defined,unused-ignore]
+    return _ntdll
 
 
 def last_error() -> int:
