@@ -1,4 +1,11 @@
-"""B2's ideal-sampler ceiling: what a perfect position-only policy trained on the task's own data reaches.
+"""Ceilings beside the trained rows: what a perfect policy reaches on the task's own data and sampler.
+
+B1 (:func:`exact_field_metrics`): the exact velocity field of B1's action distribution, integrated by the
+engine's explicit Euler (t = 0 noise to t = 1 data, N steps). It answers whether B1's on-mode target is
+out of reach for N steps of *any* learned field (the sampler's error) or only for the field a network learns
+in the budget (the learning's error).
+
+B2 (below): what a perfect position-only policy trained on the task's own data reaches.
 
 A learned B2 policy sees only the agent's position (x, y) and returns a chunk of 8 actions, 4 executed. The
 best such a policy can do is to sample, at each position, from the demonstrations' own chunk distribution
@@ -21,17 +28,83 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from emulator.tasks import Demonstrations, FloatArray, avoid, task_rng
+from emulator.tasks import Demonstrations, FloatArray, avoid, bimodal, task_rng
 from trainer.data import build_action_chunks
 
-__all__ = ["CEILING_RESOLUTIONS", "ideal_sampler_metrics", "ideal_sampler_rows"]
+__all__ = [
+    "CEILING_RESOLUTIONS",
+    "exact_field_metrics",
+    "exact_field_rows",
+    "exact_velocity",
+    "ideal_sampler_metrics",
+    "ideal_sampler_rows",
+]
 
 CEILING_RESOLUTIONS = (0.005, 0.02)
 """Position resolutions (world units; the agent moves at most 0.05 per step) of the reported ceiling."""
 
 _SAMPLER_STREAM = 0xB2_C311
 """Random stream of the sampler's choices (:func:`emulator.tasks.task_rng`), apart from the task's own."""
+_FIELD_NOISE_STREAM = 0xB1_C311
+"""Random stream of the exact field's t = 0 noise, apart from the task's own."""
+EXACT_FIELD_STEPS = (1, 2, 4, 8, 16)
+"""Euler step counts of the reported B1 rows (8 is the engine's default ODEStepsNum)."""
+
+Doubles = npt.NDArray[np.float64]
+
+
+def exact_velocity(x: Doubles, t: float, centres: Doubles, component_std: Doubles) -> Doubles:
+    """E[x1 - x0 | x_t = x] on the linear path x_t = (1 - t) x0 + t x1, x0 ~ N(0, I), for x1 an even
+    mixture of N(+m, diag(c^2)) and N(-m, diag(c^2)) with m = ``centres`` (one row per sample, (B, D)) and
+    c = ``component_std`` (D,).
+
+    Per component x_t ~ N(t m, diag(s^2)) with s^2 = t^2 c^2 + (1 - t)^2; given x_t, the component's
+    E[x1] = m + (t c^2 / s^2)(x - t m) and E[x0] = ((1 - t) / s^2)(x - t m). The mixture weights are the
+    components' likelihoods of x (equal covariances: the normalising constants cancel).
+    """
+    var = (t * component_std) ** 2 + (1.0 - t) ** 2
+    log_weights = []
+    velocities = []
+    for sign in (1.0, -1.0):
+        mean = sign * centres
+        d = x - t * mean
+        log_weights.append(-0.5 * (d * d / var).sum(axis=1))
+        velocities.append(mean + (t * component_std**2 / var - (1.0 - t) / var) * d)
+    lw = np.stack(log_weights)
+    w = np.exp(lw - lw.max(axis=0))
+    w /= w.sum(axis=0)
+    result: Doubles = w[0][:, None] * velocities[0] + w[1][:, None] * velocities[1]
+    return result
+
+
+def exact_field_metrics(seed: int, eval_seed: int, steps: int) -> dict[str, float]:
+    """B1 metrics (:func:`emulator.tasks.bimodal.evaluate_policy` on ``eval_seed``) of ``steps`` explicit
+    Euler steps (t = k / steps, as the engine integrates) of :func:`exact_velocity`.
+
+    The path runs on the actions standardised per dimension by training seed ``seed``'s demonstrations (the
+    trainer's AutoPerDimension normalisation; the denoiser's own input/output scaling is affine and folds
+    exactly, so it does not change the path), as a trained network's path does; samples are mapped back
+    to raw units before scoring.
+    """
+    actions = bimodal.make_demonstrations(seed).flatten().actions.astype(np.float64)
+    mean, std = actions.mean(axis=0), actions.std(axis=0)
+    rng = task_rng(seed * 7919 + eval_seed, _FIELD_NOISE_STREAM)
+
+    def policy(obs: FloatArray) -> FloatArray:
+        centres = bimodal.mode_centres(obs) / std  # the mixture is symmetric about ~0: mean only shifts it
+        shift = mean / std
+        x = rng.standard_normal(centres.shape)
+        for k in range(steps):
+            # In the standardised space the data is shifted by -shift; the field of the shifted mixture at x
+            # is the unshifted field at x + t * shift, plus shift.
+            t = k / steps
+            x = x + (exact_velocity(x + t * shift, t, centres, bimodal.NOISE_STD / std) - shift) / steps
+        raw: FloatArray = (x * std + mean).astype(np.float32)
+        return raw
+
+    return bimodal.evaluate_policy(policy, eval_seed)
 
 
 class _NearbyDemonstration:
@@ -96,3 +169,25 @@ def ideal_sampler_rows(
                 }
             )
     return rows
+
+
+def exact_field_rows(
+    seeds: Sequence[int], eval_seed: int, steps: Sequence[int] = EXACT_FIELD_STEPS
+) -> list[dict[str, Any]]:
+    """One raw row per (seed, Euler steps): B1's exact-field ceiling beside its trained rows."""
+    return [
+        {
+            "kind": "exact-field",
+            "task": "b1",
+            "seed": seed,
+            "eval_seed": eval_seed,
+            "steps": n,
+            "metrics": {
+                k: v
+                for k, v in exact_field_metrics(seed, eval_seed, n).items()
+                if k in ("on_mode", "both_modes_covered", "balance_err", "mmd")
+            },
+        }
+        for seed in seeds
+        for n in steps
+    ]

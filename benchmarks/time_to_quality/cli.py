@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.time_to_quality.ceiling import ideal_sampler_rows
+from benchmarks.time_to_quality.ceiling import exact_field_rows, ideal_sampler_rows
 from benchmarks.time_to_quality.report import (
     ablation_table,
     ceiling_table,
@@ -168,6 +168,21 @@ def _ceiling(args: argparse.Namespace) -> int:
     return 0
 
 
+def _field(args: argparse.Namespace) -> int:
+    rows = exact_field_rows(args.seeds, args.eval_seed)
+    with Path(args.out).open("a", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    print("| seed | Euler steps | on_mode | both_modes_covered | balance_err | mmd |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        m = row["metrics"]
+        print(
+            f"| {row['seed']} | {row['steps']} | {m['on_mode']:.3f} | {m['both_modes_covered']:.3f} | "
+            f"{m['balance_err']:.3f} | {m['mmd']:.3f} |"
+        )
+    return 0
+
+
 def _sweep(args: argparse.Namespace) -> int:
     return main_sweep(
         Path(args.out),
@@ -225,6 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ceiling.add_argument("--eval-seed", type=int, default=REPORT_EVAL_SEED)
     ceiling.add_argument("--episodes", type=int, default=B2_EPISODES)
     ceiling.add_argument("--out", required=True)
+    field = sub.add_parser(
+        "field", help="B1's exact-field ceiling: N Euler steps of the true velocity field (ceiling.py)"
+    )
+    field.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    field.add_argument("--eval-seed", type=int, default=REPORT_EVAL_SEED)
+    field.add_argument("--out", required=True)
     sweep = sub.add_parser("sweep", help="issue 23's tuning, choice and report runs in parallel processes")
     sweep.add_argument(
         "--out", required=True, help="folder for tune.jsonl, report.jsonl, ceiling.jsonl, sweep.log"
@@ -249,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "table": _table,
         "import-study": _import_study,
         "ceiling": _ceiling,
+        "field": _field,
         "sweep": _sweep,
     }
     return commands[args.command](args)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.time_to_quality.ceiling import ideal_sampler_metrics
+import numpy as np
+
+from benchmarks.time_to_quality.ceiling import exact_field_metrics, exact_velocity, ideal_sampler_metrics
 from benchmarks.time_to_quality.report import draws_table
 from benchmarks.time_to_quality.sweep import choose
 
@@ -16,6 +18,41 @@ def test_the_ideal_sampler_follows_the_demonstrations_and_a_blurred_one_does_not
     blurred = ideal_sampler_metrics(0, 1000, 10.0, episodes=100)
     assert sharp["success"] >= 0.95 and sharp["entropy"] >= 0.8
     assert blurred["success"] < 0.5
+
+
+def test_the_exact_b1_field_is_the_posterior_mean_of_the_path_velocity() -> None:
+    """exact_velocity against a direct estimate of E[x1 - x0 | x_t]: x1 drawn from the mixture, weighted by
+    the path's density of x_t given x1, N(t x1, (1 - t)^2 I); and at t = 0 the field is -x (to rounding)."""
+    rng = np.random.default_rng(5)
+    centre = np.array([[0.6, -1.1]])
+    c = np.array([0.07, 0.05])
+    x1 = np.where(rng.random((400_000, 1)) < 0.5, 1.0, -1.0) * centre + c * rng.standard_normal((400_000, 2))
+    for t in (0.3, 0.6, 0.9):
+        # Points the path visits (a typical x0 carried towards either mode), where the weights are not
+        # degenerate; at the earlier times also one between the modes, where the field turns (late, the
+        # path has almost no mass there and the direct estimate has no samples to weigh).
+        points = [t * centre + (1.0 - t) * 0.8, -t * centre - (1.0 - t) * 0.5]
+        if t < 0.8:
+            points.append((1.0 - t) * np.array([[0.3, 0.2]]))
+        for x in points:
+            log_w = -0.5 * (((x - t * x1) / (1.0 - t)) ** 2).sum(axis=1)
+            w = np.exp(log_w - log_w.max())
+            w /= w.sum()
+            direct = (w[:, None] * (x1 - (x - t * x1) / (1.0 - t))).sum(axis=0)
+            np.testing.assert_allclose(exact_velocity(x, t, centre, c)[0], direct, atol=0.01)
+    x = rng.standard_normal((5, 2))
+    np.testing.assert_allclose(
+        exact_velocity(x, 0.0, np.repeat(centre, 5, axis=0), c), -x, rtol=0, atol=1e-12
+    )
+
+
+def test_eight_euler_steps_of_the_exact_b1_field_meet_b1_and_one_step_is_the_mean_predictor() -> None:
+    """The ceiling's point: the engine's 8 steps lose nothing of B1 with the true field (so a trained policy's
+    gap is its field), while one step lands every sample on the conditional mean, 0, never a valid action."""
+    eight = exact_field_metrics(0, 1000, 8)
+    one = exact_field_metrics(0, 1000, 1)
+    assert eight["on_mode"] >= 0.99 and eight["both_modes_covered"] == 1.0
+    assert one["on_mode"] == 0.0 and one["mmd"] > 2.9
 
 
 def _row(task: str, variant: str, seed: int, metrics: dict[str, float], target_it: int | None = None) -> Any:
