@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.time_to_quality.ceiling import exact_field_rows, ideal_sampler_rows
@@ -54,11 +55,16 @@ def _run(args: argparse.Namespace) -> int:
         if args.eval_seed is not None
         else (TUNE_EVAL_SEED if all(s >= 100 for s in args.seeds) else REPORT_EVAL_SEED)
     )
+    network = _parse_network(args.network) if args.network else None
     for key in args.tasks:
         task = TASKS[key]
+        if network is not None:
+            task = replace(task, hidden_layer_num=network[0], hidden_layer_size=network[1])
         for lr in args.lr:
-            for variant in variants:
-                reference = variant.name == ENGINE_LOOP.name
+            for named in variants:
+                reference = named.name == ENGINE_LOOP.name
+                # Another network is another row: its name says so, so no table mixes it with the task's own.
+                variant = named if network is None else replace(named, name=f"{named.name}@{args.network}")
                 budget = args.iterations or task.budget
                 iterations = budget * args.reference_factor if reference else budget
                 for seed in args.seeds:
@@ -79,6 +85,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.table:
         _write_tables(load_rows([out]), args.lr, Path(args.table), ablation=True)
     return 0
+
+
+def _parse_network(text: str) -> tuple[int, int]:
+    """``--network LxS`` (e.g. ``2x128``): HiddenLayerNum L >= 1 of HiddenLayerSize S >= 1."""
+    layers, sep, size = text.partition("x")
+    if not (sep and layers.isdigit() and size.isdigit() and int(layers) >= 1 and int(size) >= 1):
+        raise SystemExit(f"--network {text!r}: expected LAYERSxSIZE with both >= 1, e.g. 2x128")
+    return int(layers), int(size)
 
 
 def _parse_at(items: Sequence[str]) -> dict[str, tuple[Target, ...]]:
@@ -215,6 +229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--reference-factor", type=int, default=10, help="engine loop: this times the budget")
     run.add_argument("--stop-at-target", action="store_true", help="every variant stops at its target")
     run.add_argument("--eval-seed", type=int, default=None)
+    run.add_argument(
+        "--network",
+        default="",
+        metavar="LxS",
+        help="train this MLP (HiddenLayerNum x HiddenLayerSize) instead of the task's; rows named VARIANT@LxS",
+    )
     run.add_argument("--out", required=True)
     run.add_argument("--progress", action="store_true")
     run.add_argument("--table", default="", help="afterwards, write the tables of --out's rows here")
