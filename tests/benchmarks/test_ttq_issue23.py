@@ -3,11 +3,15 @@ sweep, and ratios stated only over several evaluation draws."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from benchmarks.time_to_quality.ceiling import exact_field_metrics, exact_velocity, ideal_sampler_metrics
+from benchmarks.time_to_quality.cli import main
 from benchmarks.time_to_quality.report import draws_table
 from benchmarks.time_to_quality.sweep import choose
 
@@ -118,3 +122,31 @@ def test_a_ratio_is_stated_as_its_range_over_the_draws_and_not_where_a_draw_miss
     table = draws_table(rows, 1e-3)
     assert "| default | 2,000 (2.0x) | 2,000 (1.5x) | 1.5x-2.0x |" in table
     assert "| other | 1,000 (4.0x) | > 10,000 (-) | not stated" in table
+
+
+def test_another_network_is_a_row_of_its_own_and_a_bad_shape_is_refused(tmp_path: Path) -> None:
+    """run --network LxS trains that MLP (the row records it) under the name VARIANT@LxS, so no table
+    mixes it with the task's own network; a shape that is not two positive integers stops before training."""
+    out = tmp_path / "rows.jsonl"
+    main(
+        [
+            "run",
+            "--tasks",
+            "b1",
+            "--seeds",
+            "0",
+            "--variants",
+            "default",
+            "--network",
+            "2x16",
+            "--iterations",
+            "20",
+            "--out",
+            str(out),
+        ]
+    )
+    (row,) = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert row["variant"] == "default@2x16" and row["network"] == "2x16 ELU"
+    for bad in ("2x0", "x128", "2*128", "0x16"):
+        with pytest.raises(SystemExit, match="--network"):
+            main(["run", "--tasks", "b1", "--network", bad, "--out", str(out)])
