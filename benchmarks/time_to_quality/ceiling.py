@@ -35,6 +35,7 @@ from trainer.data import build_action_chunks
 
 __all__ = [
     "CEILING_RESOLUTIONS",
+    "EXACT_FIELD_STEPS",
     "exact_field_metrics",
     "exact_field_rows",
     "exact_velocity",
@@ -53,6 +54,12 @@ EXACT_FIELD_STEPS = (1, 2, 4, 8, 16)
 """Euler step counts of the reported B1 rows (8 is the engine's default ODEStepsNum)."""
 
 Doubles = npt.NDArray[np.float64]
+
+
+def _ceiling_rng(seed: int, eval_seed: int, stream: int) -> np.random.Generator:
+    """A ceiling's own random choices for training seed ``seed`` on evaluation seed ``eval_seed``: one
+    stream per (seed, evaluation) pair, apart from the task's streams."""
+    return task_rng(seed * 7919 + eval_seed, stream)
 
 
 def exact_velocity(x: Doubles, t: float, centres: Doubles, component_std: Doubles) -> Doubles:
@@ -90,7 +97,7 @@ def exact_field_metrics(seed: int, eval_seed: int, steps: int) -> dict[str, floa
     """
     actions = bimodal.make_demonstrations(seed).flatten().actions.astype(np.float64)
     mean, std = actions.mean(axis=0), actions.std(axis=0)
-    rng = task_rng(seed * 7919 + eval_seed, _FIELD_NOISE_STREAM)
+    rng = _ceiling_rng(seed, eval_seed, _FIELD_NOISE_STREAM)
 
     def policy(obs: FloatArray) -> FloatArray:
         centres = bimodal.mode_centres(obs) / std  # the mixture is symmetric about ~0: mean only shifts it
@@ -142,7 +149,7 @@ def ideal_sampler_metrics(
     ``seed``'s demonstrations, over ``episodes`` evaluation starts of ``eval_seed``."""
     demonstrations = avoid.make_demonstrations(seed, demo_num=avoid.DEMO_NUM)
     sampler = _NearbyDemonstration(
-        demonstrations, chunk, resolution, task_rng(seed * 7919 + eval_seed, _SAMPLER_STREAM)
+        demonstrations, chunk, resolution, _ceiling_rng(seed, eval_seed, _SAMPLER_STREAM)
     )
     return avoid.evaluate_policy(sampler, eval_seed, rollout_num=episodes, execute=execute)
 
