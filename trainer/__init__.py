@@ -5,6 +5,15 @@ command line. Byte layouts live in :mod:`protocol`; the game side (emulator, dem
 ``emulator``, which this package never imports.
 """
 
+import os
+
+from trainer.openmp import set_openmp_wait_defaults
+
 __version__ = "0.1.0"
 """The one version source: pyproject.toml reads it (``[tool.setuptools.dynamic]``)."""
 __all__ = ["__version__"]
+
+# Here, not in an entry point: every process we start (console script, python -m trainer, the engine's
+# train.py drop-in, torchrun ranks) imports this package before any of our modules imports torch, whose
+# OpenMP runtime reads the variable once, when it loads (trainer.openmp says why and what).
+set_openmp_wait_defaults(os.environ)

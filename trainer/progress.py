@@ -128,6 +128,10 @@ class Status:
     run_dir: str = ""
     """The run's record folder (:mod:`trainer.runrecord`), once known."""
     message: str = ""
+    threads: int = 0
+    """CPU threads the training steps run with (0: not known yet)."""
+    threads_note: str = ""
+    """Why that count: the last measurement of :mod:`trainer.threads` (empty when the count is fixed)."""
 
 
 def write_status(path: Path, status: Status) -> None:
@@ -255,6 +259,10 @@ class ProgressReporter:
         self._closed.set()
         self._set(phase=phase, exit_code=int(exit_code), message=message, eta_s=math.nan)
         self.close()
+
+    def threads(self, threads: int, note: str = "") -> None:
+        """The thread count the steps run with, and the measurement that chose it."""
+        self._set(threads=threads, threads_note=note)
 
     def run_dir(self, folder: Path) -> None:
         """The run's record folder, shown by ``watch`` and found by ``report``."""

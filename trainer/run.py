@@ -34,6 +34,7 @@ from trainer.options import TrainerOptions
 from trainer.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase, log
 from trainer.runrecord import RunLog, run_name, task_name_of
 from trainer.snapshots import SnapshotWriter
+from trainer.threads import ThreadChoice, ThreadPolicy, ThreadTuner, Why, candidate_threads, usable_cores
 from trainer.timeouts import Timeouts
 from trainer.trackers import TRACK_EVERY
 from trainer.transport.wait import StopRequested
@@ -51,6 +52,7 @@ __all__ = [
     "choose_threads",
     "encode_networks",
     "run_training",
+    "thread_tuner",
 ]
 
 NETWORK_IDS = (0, 1, 2)
@@ -125,13 +127,37 @@ one at batch 1024 (≈ 80 M) much faster on two (168 vs 256, 177 vs 287)."""
 
 
 def choose_threads(options: TrainerOptions, work: int) -> int:
-    """The run's intra-op CPU thread count: the ``threads`` option, else one for small networks (intra-op
-    threading costs more than it saves there) and up to 8 from :data:`THREADS_WORK_THRESHOLD` on.
-    ``work``: batch size × the denoiser's parameter count (the multiply-adds of one forward pass)."""
+    """The run's first intra-op CPU thread count: the ``threads`` option, else one for small networks
+    (intra-op threading costs more than it saves there) and up to 8 from :data:`THREADS_WORK_THRESHOLD`
+    on. Where nothing fixes the count, a CPU run then measures it (:mod:`trainer.threads`); this is the
+    count it measures first. ``work``: batch size × the denoiser's parameter count (the multiply-adds of
+    one forward pass)."""
     if options.threads > 0:
         return options.threads
-    cores = os.cpu_count() or 1
-    return 1 if work < THREADS_WORK_THRESHOLD else min(cores, 8)
+    return 1 if work < THREADS_WORK_THRESHOLD else candidate_threads(usable_cores())[-1]
+
+
+def thread_tuner(
+    options: TrainerOptions,
+    device: torch.device,
+    first: int,
+    *,
+    scale_out: bool,
+    reporter: ProgressReporter,
+    runlog: RunLog,
+) -> ThreadTuner:
+    """The run's thread count from here on: measured on a CPU run that nothing fixes (the ``threads``
+    option, scale-out's per-rank share; on CUDA the CPU only feeds the GPU), else left as set."""
+    if device.type != "cpu" or options.threads > 0 or scale_out:
+        return ThreadTuner.fixed(first)
+
+    def announce(iteration: int, choice: ThreadChoice) -> None:
+        if choice.why is Why.START or choice.threads != choice.previous:
+            log(f"la-trainer: threads: {choice.describe()} at iteration {iteration}")
+        reporter.threads(choice.threads, choice.describe())
+        runlog.threads(iteration, choice.to_json())
+
+    return ThreadTuner(first, ThreadPolicy(candidate_threads(usable_cores()), threads=first), announce)
 
 
 def encode_networks(received: Mapping[int, Snapshot], layers: Mapping[int, Layer]) -> dict[int, bytes]:
@@ -199,7 +225,7 @@ class LoopEnd(Enum):
         }[self]
 
 
-def _banner(device: torch.device, threads: int) -> None:
+def _banner(device: torch.device, threads: str) -> None:
     log(
         f"la-trainer {__version__} | python {platform.python_version()} | torch {torch.__version__} | "
         f"device {device} | threads {threads} | pid {os.getpid()}"
@@ -330,7 +356,11 @@ def _story(
             torch.set_num_threads(threads)
         if prepare_job is not None:
             job = prepare_job(job)
-        _banner(device, torch.get_num_threads() if device.type == "cpu" else threads)
+        tuner = thread_tuner(
+            options, device, threads, scale_out=prepare_job is not None, reporter=reporter, runlog=runlog
+        )
+        shown = torch.get_num_threads() if device.type == "cpu" else threads
+        _banner(device, f"measured, from {shown}" if tuner.measuring else str(shown))
     total = job.total_iterations
     reporter.start(total, job.start_iteration)
     reporter.phase(RunPhase.TRAINING)  # before the first progress line: a failure now is a training failure
@@ -384,8 +414,10 @@ def _story(
             if interrupt is not None and interrupt.is_set():
                 end = LoopEnd.INTERRUPTED
                 break
+            started = time.perf_counter()
             loss = job.step(iteration)
             iteration += 1
+            tuner.after_step(time.perf_counter() - started, iteration)
             reporter.update(iteration, loss)
             if iteration % TRACK_EVERY == 0:
                 runlog.point(iteration, _phase_key(job), loss, _learning_rate(job), sync.rounds)

@@ -334,6 +334,10 @@ class RunRecord:
         except OSError as error:
             self._give_up(error)
 
+    def note(self, key: str, value: object) -> None:
+        """Keep ``value`` under ``key`` in run.json (written with the run's end)."""
+        self._info[key] = value
+
     def json_file(self, name: str, value: Mapping[str, Any]) -> None:
         """Write ``value`` as the record's file ``name`` (replaced atomically)."""
         self._write(name, json.dumps(_finite_json(value)) + "\n")
@@ -500,6 +504,13 @@ class RunLog:
             self.record.line({"iteration": iteration, "heldout": dict(record), "best": best})
         if self.trackers is not None:
             self.trackers.scalars(iteration, scalars)
+
+    def threads(self, iteration: int, choice: Mapping[str, Any]) -> None:
+        """A thread-count measurement (:mod:`trainer.threads`): a ``{"iteration", "threads"}`` line in
+        ``metrics.jsonl``; run.json keeps the last one as ``threads``."""
+        if self.record is not None:
+            self.record.line({"iteration": iteration, "threads": dict(choice)})
+            self.record.note("threads", dict(choice))
 
     def heldout_actions(self, value: Mapping[str, Any]) -> None:
         """Demonstrated and sampled held-out actions of the last measurement (``heldout-actions.json``),

@@ -132,6 +132,8 @@ def render(status: Status, where: str, health: Health, *, now: float | None = No
         parts.append(f"eta {format_duration(status.eta_s)}")
     if status.syncs:
         parts.append(f"syncs {status.syncs}")
+    if status.threads and health.verdict is Verdict.RUNNING:
+        parts.append(f"threads {status.threads}")
     parts.append(f"pid {status.pid}")
     parts.append(f"updated {format_duration(now - status.updated)} ago")
     line = " | ".join(parts)

@@ -4,8 +4,9 @@ divides it among a node's ranks), and reported as what the step really uses."""
 from __future__ import annotations
 
 import dataclasses
-import os
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,10 @@ from trainer.exitcodes import ExitCode
 from trainer.job import TrainingJob
 from trainer.links import MemoryLink
 from trainer.options import TrainerOptions
+from trainer.progress import read_status
 from trainer.run import THREADS_WORK_THRESHOLD, choose_threads, run_training
+from trainer.runrecord import find_run_folders, read_metrics
+from trainer.threads import ThreadPolicy, ThreadSettings, usable_cores
 
 SETTINGS = SessionSettings(
     iteration_num=6, batch_size=32, hidden_layer_num=1, hidden_layer_size=16, device="CPU", seed=3
@@ -25,7 +29,7 @@ SETTINGS = SessionSettings(
 def test_the_threshold_splits_one_thread_from_several() -> None:
     options = TrainerOptions()
     assert choose_threads(options, THREADS_WORK_THRESHOLD - 1) == 1
-    assert choose_threads(options, THREADS_WORK_THRESHOLD) == min(os.cpu_count() or 1, 8)
+    assert choose_threads(options, THREADS_WORK_THRESHOLD) == min(usable_cores(), 8)
     assert choose_threads(dataclasses.replace(options, threads=3), 10) == 3  # an explicit choice wins
 
 
@@ -55,3 +59,48 @@ def test_prepare_job_sees_the_trainers_choice_and_the_banner_reports_its_cap(
     assert seen == [2]  # the trainer's choice (here the explicit option) was in force before the hook
     out = capsys.readouterr().out
     assert "| threads 1 |" in out  # the banner reports the share the hook left, which the step uses
+
+
+def test_an_automatic_cpu_run_measures_its_threads_and_says_so_in_the_log_status_and_record(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The wiring, not the policy (tests/trainer/test_threads.py): a probe short enough for a short run."""
+    quick = ThreadSettings(probe_seconds=0.001, window_seconds=0.002)
+
+    def quick_policy(candidates: tuple[int, ...], *, threads: int) -> ThreadPolicy:
+        return ThreadPolicy((1, 2), quick, threads=threads)
+
+    monkeypatch.setattr("trainer.run.ThreadPolicy", quick_policy)
+    previous = torch.get_num_threads()
+    try:
+        task = EngineTask.benchmark("bimodal", size=96, seed=0)
+        config, blobs = build_session_config(task, dataclasses.replace(SETTINGS, iteration_num=200), None)
+        link = MemoryLink(config, blobs, task.replay_buffer)
+        options = TrainerOptions(checkpoint_every_seconds=0)
+        assert run_training(link, options=options, task_dir=tmp_path) == ExitCode.OK
+    finally:
+        torch.set_num_threads(previous)
+    out = capsys.readouterr().out
+    assert "| threads measured, from 1 |" in out
+    assert "la-trainer: threads: " in out and "(start of training; it/s: 1 thread " in out
+    status = read_status(tmp_path / "la-trainer-status.msgpack")
+    assert status.threads in (1, 2) and "2 threads" in status.threads_note
+    (run,) = find_run_folders(tmp_path)
+    lines = [p["threads"] for p in read_metrics(run) if "threads" in p]
+    assert lines and lines[0]["why"] == "start" and set(lines[0]["rates"]) == {"1", "2"}
+    recorded = json.loads((run / "run.json").read_text(encoding="utf-8"))["threads"]
+    assert recorded == lines[-1]
+
+
+def test_an_explicit_count_is_never_measured(capsys: pytest.CaptureFixture[str]) -> None:
+    previous = torch.get_num_threads()
+    try:
+        task = EngineTask.benchmark("bimodal", size=96, seed=0)
+        config, blobs = build_session_config(task, SETTINGS, None)
+        link = MemoryLink(config, blobs, task.replay_buffer)
+        options = TrainerOptions(threads=1, status_file=False, checkpoint_every_seconds=0)
+        assert run_training(link, options=options, task_dir=None) == ExitCode.OK
+    finally:
+        torch.set_num_threads(previous)
+    out = capsys.readouterr().out
+    assert "| threads 1 |" in out and "la-trainer: threads:" not in out
