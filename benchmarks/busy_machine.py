@@ -98,7 +98,7 @@ class Workload:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "demo": Workload("avoid", 200, 2, 256, 8, 1000),
+    "demo": Workload("avoid", 200, 2, 256, 8, 2000),
     "b1": Workload("bimodal", 20_000, 1, 128, 1, 3000),
 }
 

@@ -147,8 +147,10 @@ def thread_tuner(
     runlog: RunLog,
 ) -> ThreadTuner:
     """The run's thread count from here on: measured on a CPU run that nothing fixes (the ``threads``
-    option, scale-out's per-rank share; on CUDA the CPU only feeds the GPU), else left as set."""
-    if device.type != "cpu" or options.threads > 0 or scale_out:
+    option, scale-out's per-rank share; on CUDA the CPU only feeds the GPU; one usable core), else left
+    as set."""
+    candidates = candidate_threads(usable_cores())
+    if device.type != "cpu" or options.threads > 0 or scale_out or len(candidates) == 1:
         return ThreadTuner.fixed(first)
 
     def announce(iteration: int, choice: ThreadChoice) -> None:
@@ -157,7 +159,7 @@ def thread_tuner(
         reporter.threads(choice.threads, choice.describe())
         runlog.threads(iteration, choice.to_json())
 
-    return ThreadTuner(first, ThreadPolicy(candidate_threads(usable_cores()), threads=first), announce)
+    return ThreadTuner(first, ThreadPolicy(candidates, threads=first), announce)
 
 
 def encode_networks(received: Mapping[int, Snapshot], layers: Mapping[int, Layer]) -> dict[int, bytes]:

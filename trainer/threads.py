@@ -9,11 +9,13 @@ So the count is measured, not guessed:
 * **Probe**: each candidate count (:func:`candidate_threads`: 1, 2, 4, ... up to the usable cores, at
   most 8) trains for :attr:`ThreadSettings.probe_seconds` of step time; the run keeps the fewest threads
   within :attr:`ThreadSettings.tolerance` of the fastest (fewer threads leave more to the editor).
-  Training goes on during a probe: no step is wasted, a slow candidate costs only its window.
+  Training goes on during a probe: no step is wasted, and a count that runs at under half the best rate
+  so far is cut after a few steps (beside a busy process an oversubscribed count runs at a few per cent).
 * **Watch**: the chosen count's rate is measured over windows of :attr:`ThreadSettings.window_seconds`;
   a window below ``drop`` or above ``1 / drop`` times the rate it was chosen at starts a new probe (load
   arrived or left), and so does every :attr:`ThreadSettings.recheck_seconds` (load that left does not
-  always raise the rate of the count chosen under it).
+  always raise the rate of the count chosen under it). That window is the current count's measurement:
+  a new probe tries only the other counts.
 
 Only the time inside training steps counts (sync rounds, held-out measurements and snapshot writes
 would look like a slow machine). The ``threads`` option fixes the count and turns all of this off, as
@@ -93,6 +95,11 @@ class ThreadSettings:
     """Fewer threads win when their rate is within this share of the fastest."""
     warmup_steps: int = 1
     """Steps not counted after each change of the count (the team's threads wake or start)."""
+    abandon_steps: int = 3
+    abandon_ratio: float = 0.5
+    """A probed count slower than ``abandon_ratio`` times the best rate of the probe so far after
+    ``abandon_steps`` counted steps is cut short: beside a busy process a collapsed count would otherwise
+    cost its whole window at a few per cent of the speed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,19 +174,38 @@ class ThreadPolicy:
         if self._seconds < self.settings.window_seconds:
             return None
         rate = self._take_rate()
+        why = self._reason_to_probe(rate)
+        if why is None:
+            return None
+        # The window just measured the current count: it is that count's probe, the others follow.
+        self._start_probe(why)
+        self._rates[self.threads] = rate
+        return self._next_candidate()
+
+    def _reason_to_probe(self, rate: float) -> Why | None:
         drop = self.settings.drop
         if rate < drop * self._reference:
-            self._start_probe(Why.SLOWER)
-        elif rate * drop > self._reference:
-            self._start_probe(Why.FASTER)
-        elif self._since_probe >= self.settings.recheck_seconds:
-            self._start_probe(Why.RECHECK)
+            return Why.SLOWER
+        if rate * drop > self._reference:
+            return Why.FASTER
+        if self._since_probe >= self.settings.recheck_seconds:
+            return Why.RECHECK
         return None
 
     def _probe_step(self) -> ThreadChoice | None:
-        if self._seconds < self.settings.probe_seconds:
-            return None
+        settings = self.settings
+        if self._seconds < settings.probe_seconds:
+            best = max(self._rates.values(), default=0.0)
+            hopeless = self._steps >= settings.abandon_steps and self._steps < (
+                settings.abandon_ratio * best * self._seconds
+            )
+            if not hopeless:
+                return None
         self._rates[self.threads] = self._take_rate()
+        return self._next_candidate()
+
+    def _next_candidate(self) -> ThreadChoice | None:
+        """Probe the next count, or end the probe with its choice."""
         if self._queue:
             self._use(self._queue.pop(0))
             return None

@@ -192,3 +192,28 @@ def test_a_fixed_tuner_never_touches_torch() -> None:
     tuner = ThreadTuner.fixed(3)
     tuner.after_step(1.0, 1)
     assert tuner.threads == 3 and not tuner.measuring and tuner.latest is None
+
+
+def test_a_count_at_under_half_the_best_rate_is_cut_after_a_few_steps() -> None:
+    rates = {1: 1000.0, 2: 100.0}
+    settings = ThreadSettings()
+    policy = ThreadPolicy((1, 2), settings, threads=1)
+    changes, choices, _ = simulate(policy, lambda threads, now: 1.0 / rates[threads], until=1.0)
+    assert choices[0].threads == 1
+    entered, left = (at for at, threads in changes[1:3])
+    steps_at_two = round((left - entered) * rates[2])
+    # The warm-up step after the switch, then the counted ones (the switch back happens on the last).
+    assert steps_at_two == settings.warmup_steps + settings.abandon_steps
+    assert left - entered < settings.probe_seconds / 4
+
+
+def test_a_new_probe_takes_the_window_that_started_it_as_the_current_counts_measurement() -> None:
+    settings = ThreadSettings()
+    policy = ThreadPolicy((1, 2), settings, threads=2)
+    _, choices, _ = simulate(policy, machine(busy_from=10.0), until=20.0)
+    slower = next(c for c in choices if c.why is Why.SLOWER)
+    assert slower.previous == 2 and slower.threads == 1
+    # Two threads were measured by the window that saw the load arrive (below drop x the chosen rate),
+    # not probed again: the probe ran one thread only.
+    assert slower.rates[2] < settings.drop * IDLE[2]
+    assert set(slower.rates) == {1, 2} and slower.rates[1] == pytest.approx(BUSY[1])
