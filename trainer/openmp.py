@@ -15,7 +15,13 @@ idle throughput of a two-thread step here, while :data:`GOMP_SPIN_COUNT` spins c
 busy-machine benchmark can see (``python -m benchmarks.busy_machine``, raw rows in
 ``benchmarks/results/busy-machine.jsonl``).
 
-Only libgomp is tuned. Windows (Intel OpenMP) and macOS (LLVM OpenMP) wheels read ``KMP_BLOCKTIME``,
+numpy's OpenBLAS (the demo's and ``record``'s evaluation through the engine's inference path, in the
+same processes) has a thread pool of its own that spins as well: its rollouts took 161 ms a call beside
+one busy process on 2 cores against 18 idle, and 23 with one BLAS thread (22 idle). Its count is set to
+one (:data:`OPENBLAS_THREADS`): numpy does no large products on the trainer's path, where torch does the
+work.
+
+Only libgomp's spin is tuned. Windows (Intel OpenMP) and macOS (LLVM OpenMP) wheels read ``KMP_BLOCKTIME``,
 whose units and accepted values differ between their versions and which no machine here runs; there
 the thread count alone adapts. A user's own OpenMP settings always win: nothing is set when any of the
 variables below is already in the environment.
@@ -30,7 +36,13 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping
 
-__all__ = ["GOMP_SPIN_COUNT", "USER_OPENMP_WAIT_VARIABLES", "set_openmp_wait_defaults"]
+__all__ = [
+    "GOMP_SPIN_COUNT",
+    "OPENBLAS_THREADS",
+    "USER_BLAS_THREAD_VARIABLES",
+    "USER_OPENMP_WAIT_VARIABLES",
+    "set_openmp_wait_defaults",
+]
 
 GOMP_SPIN_COUNT = "30000"
 """Spins of an idle libgomp thread before it sleeps (libgomp's default without ``OMP_WAIT_POLICY``:
@@ -39,13 +51,22 @@ GOMP_SPIN_COUNT = "30000"
 
 USER_OPENMP_WAIT_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "KMP_LIBRARY")
 """Any of these in the environment means the user chose how OpenMP waits: we leave it alone."""
+OPENBLAS_THREADS = "1"
+"""numpy's OpenBLAS threads (``OPENBLAS_NUM_THREADS``)."""
+USER_BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+"""Any of these means the user chose OpenBLAS's thread count (it reads all three, in this order)."""
 
 
 def set_openmp_wait_defaults(environ: MutableMapping[str, str]) -> bool:
-    """Set :data:`GOMP_SPIN_COUNT` in ``environ`` unless the user chose an OpenMP wait already. Returns
-    whether it set anything. (Where torch is loaded already its OpenMP runtime has read the environment;
-    the processes this one starts still inherit the setting.)"""
-    if any(environ.get(name, "").strip() for name in USER_OPENMP_WAIT_VARIABLES):
-        return False
-    environ["GOMP_SPINCOUNT"] = GOMP_SPIN_COUNT
-    return True
+    """Set :data:`GOMP_SPIN_COUNT` in ``environ`` unless the user chose an OpenMP wait already, and
+    :data:`OPENBLAS_THREADS` unless the user chose a BLAS thread count. Returns whether it set anything.
+    (Where torch or numpy is loaded already, its runtime has read the environment; the processes this
+    one starts still inherit the setting.)"""
+    changed = False
+    if not any(environ.get(name, "").strip() for name in USER_OPENMP_WAIT_VARIABLES):
+        environ["GOMP_SPINCOUNT"] = GOMP_SPIN_COUNT
+        changed = True
+    if not any(environ.get(name, "").strip() for name in USER_BLAS_THREAD_VARIABLES):
+        environ["OPENBLAS_NUM_THREADS"] = OPENBLAS_THREADS
+        changed = True
+    return changed
