@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from trainer.cli import main
+from trainer.commands.cli import main
 from trainer.exitcodes import ExitCode
-from trainer.options import ALIASES, env_name, option_names
+from trainer.settings.options import ALIASES, env_name, option_names
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")

@@ -7,7 +7,7 @@ command line. Byte layouts live in :mod:`protocol`; the game side (emulator, dem
 
 import os
 
-from trainer.openmp import set_openmp_wait_defaults
+from trainer.system.openmp import set_openmp_wait_defaults
 
 __version__ = "0.1.0"
 """The one version source: pyproject.toml reads it (``[tool.setuptools.dynamic]``)."""
@@ -15,5 +15,5 @@ __all__ = ["__version__"]
 
 # Here, not in an entry point: every process we start (console script, python -m trainer, the engine's
 # train.py drop-in, torchrun ranks) imports this package before any of our modules imports torch, whose
-# OpenMP runtime reads the variable once, when it loads (trainer.openmp says why and what).
+# OpenMP runtime reads the variable once, when it loads (trainer.system.openmp says why and what).
 set_openmp_wait_defaults(os.environ)

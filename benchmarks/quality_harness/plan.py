@@ -14,7 +14,7 @@ from pathlib import Path
 
 from emulator.tasks import avoid, bimodal, pendulum
 from protocol.config import FlowMatchingTrainingSettings
-from trainer.options import TrainerOptions
+from trainer.settings.options import TrainerOptions
 
 __all__ = [
     "CURVE_NFE",

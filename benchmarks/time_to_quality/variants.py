@@ -1,5 +1,5 @@
 """The training settings the benchmark compares: the trainer's default, an engine-style loop, and the
-rows of the ablation, each as :class:`trainer.options.TrainerOptions` values (the trainer's own knobs,
+rows of the ablation, each as :class:`trainer.settings.options.TrainerOptions` values (the trainer's own knobs,
 so every row is something a user can set in ``la-trainer.json``).
 
 :data:`TRAINING_KNOBS` lists the options that change the training maths; :data:`ENGINE_LOOP` sets every
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
-from trainer.options import TrainerOptions
+from trainer.settings.options import TrainerOptions
 
 __all__ = [
     "DEFAULT",

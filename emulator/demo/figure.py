@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from emulator.tasks.avoid import GAPS, GOAL_Y, MODE_NAMES, OBSTACLES
-from trainer.report import PLOTS_INSTALL_HINT, draw_loss_panel
+from trainer.commands.report import PLOTS_INSTALL_HINT, draw_loss_panel
 
 if TYPE_CHECKING:
     # Annotations only: the report module imports this one to draw its figure.
@@ -129,7 +129,7 @@ def _draw_loss(ax: Any, curve: Sequence[tuple[int, float]], training: Mapping[st
     reached = isinstance(distill, int) and not (isinstance(done, int) and done < distill)
     start = distill if reached and isinstance(distill, int) else None
     # From ``start`` on the trainer prints the few-step distillation loss: another objective on another
-    # scale, so it is its own series (trainer.report's loss panel, the one ``la-trainer report`` draws).
+    # scale, so it is its own series (trainer.commands.report's loss panel, the one ``la-trainer report`` draws).
     series = {
         "flow_matching": [p for p in points if start is None or p[0] < start],
         "distillation": [p for p in points if start is not None and p[0] >= start],

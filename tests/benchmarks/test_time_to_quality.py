@@ -29,7 +29,7 @@ from benchmarks.time_to_quality.variants import (
     TRAINING_KNOBS,
     parse_variant,
 )
-from trainer.options import TrainerOptions
+from trainer.settings.options import TrainerOptions
 
 
 def test_every_trainer_option_is_classified_and_the_engine_loop_pins_every_training_knob() -> None:

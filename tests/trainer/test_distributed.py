@@ -47,8 +47,6 @@ from protocol.errors import ReplayError
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import read_snapshot
 from trainer import distributed as td
-from trainer.app import run_with_link
-from trainer.data import TensorData
 from trainer.distributed import (
     FRAME_MAGIC,
     DistEnv,
@@ -72,9 +70,11 @@ from trainer.distributed import (
 from trainer.distributed.job import weights_checksum
 from trainer.errors import LaunchError, PeerGone
 from trainer.exitcodes import ExitCode
-from trainer.job import TrainingJob
-from trainer.links import MemoryLink
-from trainer.options import TrainerOptions
+from trainer.session.app import run_with_link
+from trainer.session.links import MemoryLink
+from trainer.settings.options import TrainerOptions
+from trainer.training.data import TensorData
+from trainer.training.job import TrainingJob
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -95,7 +95,7 @@ LOSS_TOLERANCE = 0.10
 """Relative difference allowed between that loss in a 2-process and in a 1-process run (same seed and
 global batch). Measured in docs/scale-out.md: seed-to-seed spread of either about ±2 %."""
 KILL_SETTINGS = replace(TINY, iteration_num=100_000, activation="GELU")
-"""The killed run: GELU keeps it off the fused step (trainer/steps/fused.py runs ELU, ReLU, TanH), so the
+"""The killed run: GELU keeps it off the fused step (trainer/training/steps/fused.py runs ELU, ReLU, TanH), so the
 loop's steps go through autograd and DDP, and the failure surfaces inside DDP's backward. The stalled and
 the compared runs use ELU (the fused step, where TrainingJob runs it)."""
 EXACT_TOLERANCE = 1e-6
@@ -799,7 +799,7 @@ def test_the_engine_spawns_two_processes_through_the_launcher_and_stops_them(tmp
 
 
 class RecordingLink(MemoryLink):
-    """The game, in memory (:class:`trainer.links.MemoryLink` for the task), that also appends every
+    """The game, in memory (:class:`trainer.session.links.MemoryLink` for the task), that also appends every
     network and Complete it receives to ``events.jsonl`` as they arrive: a rank that exits abruptly
     leaves them for the test to read."""
 
@@ -847,7 +847,7 @@ def _exact_check(env: DistEnv, out: Path) -> None:
     from torch.distributed import PrefixStore  # type: ignore[attr-defined]
     from torch.distributed.rendezvous import rendezvous
 
-    from trainer.flow import flow_matching_loss, interpolate
+    from trainer.training.flow import flow_matching_loss, interpolate
 
     store, _, _ = next(iter(rendezvous("env://", rank=env.rank, world_size=env.world_size)))
     dist.init_process_group(

@@ -13,13 +13,13 @@ import torch
 
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from trainer.exitcodes import ExitCode
-from trainer.job import TrainingJob
-from trainer.links import MemoryLink
-from trainer.options import TrainerOptions
-from trainer.progress import read_status
-from trainer.run import THREADS_WORK_THRESHOLD, choose_threads, run_training
-from trainer.runrecord import find_run_folders, read_metrics
-from trainer.threads import ThreadPolicy, ThreadSettings, usable_cores
+from trainer.records.progress import read_status
+from trainer.records.runrecord import find_run_folders, read_metrics
+from trainer.session.links import MemoryLink
+from trainer.session.run import THREADS_WORK_THRESHOLD, choose_threads, run_training
+from trainer.settings.options import TrainerOptions
+from trainer.training.job import TrainingJob
+from trainer.training.threads import ThreadPolicy, ThreadSettings, usable_cores
 
 SETTINGS = SessionSettings(
     iteration_num=6, batch_size=32, hidden_layer_num=1, hidden_layer_size=16, device="CPU", seed=3
@@ -70,7 +70,7 @@ def test_an_automatic_cpu_run_measures_its_threads_and_says_so_in_the_log_status
     def quick_policy(candidates: tuple[int, ...], *, threads: int) -> ThreadPolicy:
         return ThreadPolicy((1, 2), quick, threads=threads)
 
-    monkeypatch.setattr("trainer.run.ThreadPolicy", quick_policy)
+    monkeypatch.setattr("trainer.session.run.ThreadPolicy", quick_policy)
     previous = torch.get_num_threads()
     try:
         task = EngineTask.benchmark("bimodal", size=96, seed=0)

@@ -28,10 +28,10 @@ from tests.support.models import (
     make_networks,
     train,
 )
-from trainer.data import TrainingData
 from trainer.errors import BadData, Unsupported
-from trainer.flow import source_spread
-from trainer.model import FlowModel, ModelSettings
+from trainer.training.data import TrainingData
+from trainer.training.flow import source_spread
+from trainer.training.model import FlowModel, ModelSettings
 
 # --------------------------------------------------------------------------------------------------
 # Fixtures shared with test_step.py
@@ -192,7 +192,7 @@ def test_normalize_latents_fits_the_source_to_the_data() -> None:
     assert model.source_std.min() > 3.0  # raw action units (Embed false): far from N(0, 1)
     plain, _ = make_model(False, False, 3)
     assert torch.equal(plain.source_std, torch.ones(9)) and not plain.fitted_source
-    # the training pair is the fitted-source path (trainer.flow.interpolate_fitted)
+    # the training pair is the fitted-source path (trainer.training.flow.interpolate_fitted)
     g = torch.Generator().manual_seed(0)
     x0, t = torch.randn((16, 9), generator=g), torch.rand((16, 1), generator=g)
     path = model.flow_path(x0, model.tensor_data(data).x1[:16], t)

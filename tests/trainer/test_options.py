@@ -13,7 +13,7 @@ import pytest
 
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
-from trainer.options import (
+from trainer.settings.options import (
     ALIASES,
     OTHER_ENVIRONMENT_NAMES,
     SETTINGS_FILE_NAME,
@@ -142,7 +142,7 @@ def test_settings_file_accepts_the_alias_but_not_both_spellings(tmp_path: Path) 
 def test_unknown_environment_names_warn_with_the_closest_name() -> None:
     environ = {
         "LA_TRAINER_ITERATON_NUM": "5",  # misspelt
-        "LA_TRAINER_TIMEOUT_SCALE": "1",  # read by trainer/timeouts.py, not an option
+        "LA_TRAINER_TIMEOUT_SCALE": "1",  # read by trainer/settings/timeouts.py, not an option
         "LA_TRAINER_THREADS": "1",
         "OTHER": "x",
     }
@@ -158,7 +158,7 @@ def test_unknown_environment_names_warn_with_the_closest_name() -> None:
 
 
 def test_every_option_has_a_declared_domain_and_a_docstring() -> None:
-    source = (REPO / "trainer" / "options.py").read_text(encoding="utf-8")
+    source = (REPO / "trainer" / "settings" / "options.py").read_text(encoding="utf-8")
     for f in fields(TrainerOptions):
         assert "domain" in f.metadata, f"{f.name}: declare its domain with _option()"
         assert re.search(rf"\n    {f.name}: .*?\n    \"\"\"", source, re.S), f"{f.name}: no docstring"

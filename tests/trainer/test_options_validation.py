@@ -1,8 +1,8 @@
-"""The parse-time checks of trainer/options.py agree with the torch-side parsers they stand in for.
+"""The parse-time checks of trainer/settings/options.py agree with the torch-side parsers they stand in for.
 
 options.py must not import torch (a bad value is refused within a second of starting), so it restates
-two grammars owned elsewhere: ``--time-distribution`` (:meth:`trainer.flow.TimeDistribution.parse`) and the
-``--ode-steps`` range (:class:`trainer.steps.distill.DistillSettings`). These tests fail when one side
+two grammars owned elsewhere: ``--time-distribution`` (:meth:`trainer.training.flow.TimeDistribution.parse`) and the
+``--ode-steps`` range (:class:`trainer.training.steps.distill.DistillSettings`). These tests fail when one side
 changes without the other.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from trainer.errors import LaunchError
-from trainer.flow import TimeDistribution
-from trainer.options import TrainerOptions
-from trainer.steps.distill import DistillSettings
+from trainer.settings.options import TrainerOptions
+from trainer.training.flow import TimeDistribution
+from trainer.training.steps.distill import DistillSettings
 
 TIME_TEXTS = [
     "uniform",

@@ -1,6 +1,6 @@
 """TensorBoard / MLflow: switched on from Unreal (UseTensorBoard / UseMLflow) or from our side (--tensorboard,
 --mlflow URI); where runs go; what is logged (losses per phase, it/s, learning rate, the configuration,
-the final networks); and that a missing or failing tracker never ends a run (trainer/trackers.py)."""
+the final networks); and that a missing or failing tracker never ends a run (trainer/records/trackers.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any, ClassVar
 import pytest
 
 from protocol.config import TrainerConfig
-from trainer.options import TrainerOptions
-from trainer.runrecord import MetricsPoint, RunLog, free_run_name, run_name
-from trainer.trackers import Trackers
+from trainer.records.runrecord import MetricsPoint, RunLog, free_run_name, run_name
+from trainer.records.trackers import Trackers
+from trainer.settings.options import TrainerOptions
 
 
 class FakeWriter:

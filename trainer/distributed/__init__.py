@@ -11,7 +11,7 @@ broadcasts), :mod:`~trainer.distributed.links` (each rank's link), :mod:`~traine
 job on every rank), :mod:`~trainer.distributed.state` (what a rank's threads share),
 :mod:`~trainer.distributed.watchdog`, :mod:`~trainer.distributed.errors`.
 
-Roles. Rank 0 alone talks to the game (shared memory or socket): it runs :func:`trainer.run.run_training`
+Roles. Rank 0 alone talks to the game (shared memory or socket): it runs :func:`trainer.session.run.run_training`
 over the real link, wrapped in :class:`Rank0Link`, which broadcasts what arrives — our options, the
 config, the three snapshots, the replay buffer — to the other ranks as uint8 tensors holding the
 protocol's own encodings (JSON, snapshot bytes, the socket replay layout; never pickle). Ranks ≥ 1 run the
@@ -25,7 +25,7 @@ Equivalence (what is guaranteed). World size 1 runs the ordinary code path uncha
 With N ranks the global batch stays the config's ``BatchSize`` (it must divide by N) and every rank
 trains on B / N rows of it. Gradients are averaged: by DDP for the autograd step (a trained encoder,
 distillation, layers the fused step does not cover), by one all-reduce of the flat gradient buffer for
-:class:`trainer.steps.fused.FusedStep` (the engine's MLP with a frozen encoder), see
+:class:`trainer.training.steps.fused.FusedStep` (the engine's MLP with a frozen encoder), see
 :class:`RankAveraging`. The average of the per-rank mean-loss gradients is the gradient of the mean
 loss over the concatenated batch, so given the same rows and noise one N-rank update equals the
 1-process update on the whole batch up to float32 summation order (tested on the DDP path: max

@@ -11,10 +11,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.data import Batch, TensorData
 from trainer.dropin import ENV_ENGINE_PID, ENV_NPROC, ENV_TORCHRUN_ARGS
 from trainer.errors import LaunchError
-from trainer.steps.autograd import BatchSampler
+from trainer.training.data import Batch, TensorData
+from trainer.training.steps.autograd import BatchSampler
 
 __all__ = [
     "DEFAULT_AGREE_EVERY",
@@ -49,7 +49,7 @@ ENV_STALL = "LA_TRAINER_DIST_STALL_SECONDS"
 DEFAULT_TIMEOUT_S = 86_400.0
 """A day. The other ranks wait in a collective while rank 0 waits for the game, and rank 0 waits for as long
 as the game lives (a paused editor, a game that begins training minutes after spawning us,
-:mod:`trainer.timeouts`), so this bound is only a last resort against a hung rank. A rank that dies is
+:mod:`trainer.settings.timeouts`), so this bound is only a last resort against a hung rank. A rank that dies is
 noticed at once (its gloo connections close), a rank stuck in a step by the :class:`Watchdog`."""
 DEFAULT_AGREE_EVERY = 8
 DEFAULT_STALL_S = 300.0

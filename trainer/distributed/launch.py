@@ -6,7 +6,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trainer.app import engine_main
 from trainer.distributed.environment import (
     DEFAULT_STALL_S,
     DEFAULT_TIMEOUT_S,
@@ -23,6 +22,7 @@ from trainer.dropin import reexec_under_torchrun, torchrun_command
 from trainer.dropin.torchrun import record_exit
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
+from trainer.session.app import engine_main
 
 __all__ = ["main", "torchrun_command"]
 

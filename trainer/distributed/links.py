@@ -12,12 +12,12 @@ from protocol.snapshot import read_snapshot
 from trainer.distributed.environment import ENV_ENGINE_PID
 from trainer.distributed.state import RankContext
 from trainer.errors import PeerGone
-from trainer.run import SyncRounds, encode_networks
-from trainer.transport.liveness import process_watch
+from trainer.session.run import SyncRounds, encode_networks
+from trainer.system.liveness import process_watch
 
 if TYPE_CHECKING:
-    from trainer.job import TrainingJob
-    from trainer.links import TrainerLink
+    from trainer.session.links import TrainerLink
+    from trainer.training.job import TrainingJob
 
 __all__ = ["BroadcastLink", "Rank0Link"]
 

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
 
-from trainer.app import InterruptFlag, run_with_link
 from trainer.distributed.environment import (
     DEFAULT_AGREE_EVERY,
     DEFAULT_STALL_S,
@@ -40,12 +39,13 @@ from trainer.distributed.state import PEER_GRACE_S, ConsensusInterrupt, RankCont
 from trainer.distributed.watchdog import Watchdog
 from trainer.errors import exit_code_for
 from trainer.exitcodes import ExitCode
-from trainer.options import TrainerOptions
-from trainer.progress import log
-from trainer.timeouts import Timeouts
+from trainer.records.progress import log
+from trainer.session.app import InterruptFlag, run_with_link
+from trainer.settings.options import TrainerOptions
+from trainer.settings.timeouts import Timeouts
 
 if TYPE_CHECKING:
-    from trainer.links import TrainerLink
+    from trainer.session.links import TrainerLink
 
 __all__ = ["run_rank"]
 
@@ -53,10 +53,10 @@ __all__ = ["run_rank"]
 def _training(
     ctx: RankContext, options: TrainerOptions, task_dir: Path | None
 ) -> Callable[[Any, InterruptFlag], int]:
-    """The story each rank runs inside :func:`trainer.app.run_with_link`."""
+    """The story each rank runs inside :func:`trainer.session.app.run_with_link`."""
 
     def train(link: Any, flag: InterruptFlag) -> int:
-        from trainer.run import run_training
+        from trainer.session.run import run_training
 
         ctx.local_interrupt = flag.is_set
         try:
@@ -84,7 +84,7 @@ def _training(
 
 
 def _leader_runner(ctx: RankContext) -> Callable[..., int]:
-    """What :func:`trainer.app.engine_main` calls on rank 0 once argv and options are valid."""
+    """What :func:`trainer.session.app.engine_main` calls on rank 0 once argv and options are valid."""
 
     def runner(
         open_link: Callable[[InterruptFlag], TrainerLink], *, options: TrainerOptions, task_dir: Path | None

@@ -13,7 +13,7 @@ from trainer.distributed.environment import DEFAULT_AGREE_EVERY, DistEnv
 from trainer.distributed.errors import RankLost, first_line
 from trainer.distributed.frames import RankChannel
 from trainer.exitcodes import ExitCode
-from trainer.timeouts import Timeouts
+from trainer.settings.timeouts import Timeouts
 
 if TYPE_CHECKING:
     from trainer.distributed.job import DistributedTrainingJob

@@ -7,8 +7,8 @@ a small shim, ``scripts/train.py`` is a thin shim over it in a checkout), and :f
   (:mod:`trainer.distributed`; rank 0 alone talks to the game);
 * with ``LA_TRAINER_NPROC_PER_NODE=N`` (N > 1) outside torchrun: re-execute under torchrun with N
   processes (the engine spawned one process; its id and output pipe stay the same on POSIX);
-* otherwise the ordinary trainer (:func:`trainer.app.engine_main`), which hands runs it does not train
-  to the engine's own ``train.py`` (:mod:`trainer.handover`).
+* otherwise the ordinary trainer (:func:`trainer.session.app.engine_main`), which hands runs it does not train
+  to the engine's own ``train.py`` (:mod:`trainer.dropin.handover`).
 
 Before scale-out, and when this Python cannot load what FlowMatching needs (a half install),
 :func:`decide_before_training` settles what it can first: bad launch inputs end with their documented exit
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainer.distributed.launch import main as scale_out
 
         return scale_out(args)
-    from trainer.app import engine_main
+    from trainer.session.app import engine_main
 
     return engine_main(args)
 
@@ -168,8 +168,8 @@ def decide_before_training(argv: Sequence[str], nproc: int) -> int | None:
         return None
     from protocol.argv import SharedMemoryArgs, SocketArgs, parse_launch_argv
     from protocol.errors import ArgvError
+    from trainer.dropin.handover import FLOW_MATCHING, socket_hands_over
     from trainer.exitcodes import ExitCode
-    from trainer.handover import FLOW_MATCHING, socket_hands_over
 
     try:
         launch = parse_launch_argv(list(argv))
@@ -210,10 +210,10 @@ def decide_before_training(argv: Sequence[str], nproc: int) -> int | None:
 
 
 def _hand_over_early(nne_cpu_path: str | None, argv: Sequence[str], why: str) -> int:
-    """The run goes to the engine's own ``train.py`` (:func:`trainer.handover.hand_over`), or exit 7 with
+    """The run goes to the engine's own ``train.py`` (:func:`trainer.dropin.handover.hand_over`), or exit 7 with
     the reason when there is none to hand it to."""
+    from trainer.dropin.handover import ENV_ENGINE_TRAIN_PY, engine_train_py, hand_over
     from trainer.exitcodes import ExitCode
-    from trainer.handover import ENV_ENGINE_TRAIN_PY, engine_train_py, hand_over
 
     target, no_target = engine_train_py(nne_cpu_path, sys.argv[0])
     if target is None:
@@ -239,8 +239,8 @@ def _check_launch_inputs(launch: LaunchArgs) -> int | None:
     from protocol.argv import SharedMemoryArgs, SocketArgs
     from trainer.errors import LaunchError
     from trainer.exitcodes import ExitCode
-    from trainer.options import load_options
-    from trainer.timeouts import Timeouts
+    from trainer.settings.options import load_options
+    from trainer.settings.timeouts import Timeouts
 
     mode = launch.mode
     task_dir: Path | None = None
@@ -258,7 +258,7 @@ def _check_launch_inputs(launch: LaunchArgs) -> int | None:
             options = load_options(task_dir, shared_dir=task_dir.parent)
         elif isinstance(mode, SocketArgs) and mode.temp_directory:
             # A socket run's task folder is made later, inside the temp folder, which holds the project's
-            # settings (trainer.app.engine_main)
+            # settings (trainer.session.app.engine_main)
             options = load_options(None, shared_dir=Path(mode.temp_directory))
         else:
             options = load_options(None)
@@ -280,7 +280,7 @@ def _check_control_block(controls_guid: str) -> None:
     except ProtocolError as error:
         raise LaunchError(f"-g {controls_guid}: {error}") from None
     try:
-        from trainer.transport.shm import region_exists
+        from trainer.session.transport.shm import region_exists
     except ImportError:
         return  # posix_ipc is missing: said as a missing requirement
     if not region_exists(name):
@@ -296,15 +296,15 @@ def socket_front(argv: Sequence[str]) -> int | ConfigRead | None:
     first (:mod:`trainer.dropin.relay`). Another method is relayed to the engine's own ``train.py`` (its
     exit code is returned); a FlowMatching config comes back with its connection. None when there is
     nothing to decide here (another transport, a bad command line, no engine script to hand to). With
-    everything at hand the trainer does the same in its own link's place (:func:`trainer.app.engine_main`),
+    everything at hand the trainer does the same in its own link's place (:func:`trainer.session.app.engine_main`),
     recording its status meanwhile.
     """
     from protocol.argv import SocketArgs, parse_launch_argv
     from protocol.errors import ArgvError
+    from trainer.dropin.handover import FLOW_MATCHING, engine_train_py, socket_hands_over
     from trainer.dropin.method import engine_watch
     from trainer.dropin.relay import GameGone, listen_error_message, read_game_config, relay_hand_over
     from trainer.exitcodes import ExitCode
-    from trainer.handover import FLOW_MATCHING, engine_train_py, socket_hands_over
 
     try:
         launch = parse_launch_argv(list(argv))

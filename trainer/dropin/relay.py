@@ -16,7 +16,7 @@ cannot adopt a connection from another process, so for another method this proce
   not exit before the game has closed the connection), and the script sees the end of the stream when
   the engine or the game goes, or when this process is killed.
 
-Standard library only (with :mod:`trainer.handover`): a half install (:mod:`trainer.dropin.method`) is
+Standard library only (with :mod:`trainer.dropin.handover`): a half install (:mod:`trainer.dropin.method`) is
 decided here too.
 """
 
@@ -71,7 +71,7 @@ class ConfigRead:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """Bound and listening as the trainer link would be (:class:`trainer.transport.tcp.TcpServer`)."""
+    """Bound and listening as the trainer link would be (:class:`trainer.session.transport.tcp.TcpServer`)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     infos.sort(key=lambda info: info[0] != socket.AF_INET)  # the engine connects to IPv4 first
     family, socktype, proto, _, address = infos[0]
@@ -141,7 +141,7 @@ def read_game_config(
     when the engine goes first, KeyboardInterrupt once ``interrupted()``. No bound: the engine process
     shows that a game is there (a paused editor may connect late).
     """
-    from trainer.handover import FLOW_MATCHING
+    from trainer.dropin.handover import FLOW_MATCHING
 
     listener = _listen(host, port)
     try:
@@ -191,7 +191,7 @@ def _free_loopback_port() -> int:
 def relay_hand_over(target: Path, argv: Sequence[str], game: ConfigRead) -> int:
     """Run the engine's ``target`` script for this session and relay the game's connection to it; the
     script's exit code (see the module docstring)."""
-    from trainer.handover import ENV_HANDED_OVER
+    from trainer.dropin.handover import ENV_HANDED_OVER
 
     port = _free_loopback_port()
     command = [sys.executable, str(target), *relayed_argv(argv, port)]
