@@ -155,10 +155,10 @@ def assert_snapshots_intact(folder: Path, sizes: Mapping[str, int]) -> list[Path
 
 def network_sizes(task: EngineTask, settings: SessionSettings = SETTINGS) -> dict[str, int]:
     from emulator.session import build_session_config
-    from protocol.engine.configs import NETWORK_NAMES
+    from protocol.names import NetworkId
 
     _, blobs = build_session_config(task, settings, None)
-    return {name: len(blob) for name, blob in zip(NETWORK_NAMES, blobs, strict=True)}
+    return {name: len(blob) for name, blob in zip((n.title for n in NetworkId), blobs, strict=True)}
 
 
 def unlink_regions(names: list[str]) -> None:

@@ -14,7 +14,8 @@ import torch
 from protocol.engine.chunks import ChunkLayout
 from protocol.engine.networks import build_decoder, build_denoiser, build_encoder
 from protocol.nne.codec import structure_key, write_model
-from protocol.nne.layers import ELU, Array, Concat, Copy, Denormalize, Layer, Sequence, children
+from protocol.nne.layers import ELU, Array, Concat, Copy, Denormalize, Layer, Sequence
+from protocol.nne.layout import children
 from protocol.nne.reference import evaluate
 from protocol.schema import parse_schema
 from tests.support.models import (

@@ -27,8 +27,8 @@ from protocol.nne.layers import (
     Normalize,
     Sequence,
     TanH,
-    children,
 )
+from protocol.nne.layout import children
 from protocol.nne.reference import dequantize_weights, evaluate
 from tests.support.nne import MASKED_TYPES, SAMPLES, f32, linear, random_tree, sample_input
 from trainer.training.nne_torch import (

@@ -44,8 +44,10 @@ import numpy as np
 import torch
 
 from protocol.config import SessionConfig
+from protocol.names import network_label
 from protocol.nne.codec import structure_key
-from protocol.nne.layers import Layer, children
+from protocol.nne.layers import Layer
+from protocol.nne.layout import children
 from protocol.replay import ReplayBuffer
 from protocol.schema import schema_to_json
 from protocol.snapshot import Snapshot
@@ -80,7 +82,6 @@ MAX_CHECKPOINT_BYTES = 64 * 1024**3
 """Largest checkpoint file read (bytes). A flow-matching model and its AdamW state are megabytes; the
 bound only stops a corrupt or foreign file from being read into memory whole."""
 
-_NETWORK_ROLES = {0: "denoiser", 1: "encoder", 2: "decoder"}
 _STRUCTURE_TEXT_LIMIT = 4000
 """Characters of a network's structure kept in the fingerprint (a deep encoder can be long; beyond the
 limit a digest of the full text is appended so a difference is still detected)."""
@@ -179,7 +180,7 @@ class Fingerprint:
         out["replay buffer.data sha256"] = _data_digest(replay)
         for nid in sorted(received):
             snapshot = received[nid]
-            name = f"network {nid} ({_NETWORK_ROLES.get(nid, 'network')})"
+            name = network_label(nid)
             header = snapshot.header
             out[f"{name}.InputSize"] = str(header.input_size)
             out[f"{name}.OutputSize"] = str(header.output_size)

@@ -69,7 +69,7 @@ class NNEModule(nn.Module):
         self.input_size, self.output_size = layer.input_size, layer.output_size
 
     def nne_children(self) -> tuple[NNEModule, ...]:
-        """Sub-modules in the order :func:`protocol.nne.layers.children` lists the sub-layers."""
+        """Sub-modules in the order :func:`protocol.nne.layout.children` lists the sub-layers."""
         return ()
 
     def to_layer(self, template: Any) -> Layer:
