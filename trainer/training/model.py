@@ -63,6 +63,7 @@ from protocol.schema import SchemaNode
 from trainer.errors import BadData, Unsupported
 from trainer.training.data import (
     MIN_STD,
+    LeafStatistics,
     TensorData,
     TrainingData,
     decoder_inputs,
@@ -85,18 +86,12 @@ from trainer.training.normalization import (
     write_decoder_denormalization,
     write_encoder_normalization,
 )
+from trainer.training.standardization import Standardization, flow_statistics, latent_statistics
 
 __all__ = ["ExportedNetworks", "FlowModel", "ModelSettings", "Placement"]
 
 Floats = npt.NDArray[np.float32]
 Doubles = npt.NDArray[np.float64]
-
-_LATENT_CHUNK = 65536
-"""Rows per encoder pass when measuring latent statistics (bounds the temporary memory)."""
-
-_STATISTICS_TIMES = 4096
-"""Midpoints of [0, 1] over which the x/velocity standardisation of the fitted-source path is averaged
-(it has no closed form in t; any affine choice folds exactly, so this only sets the conditioning)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,24 +162,6 @@ class ExportedNetworks(NamedTuple):
     decoder: Layer
 
 
-def _f32(values: npt.ArrayLike) -> Floats:
-    return np.ascontiguousarray(values, dtype=np.float32)
-
-
-_BUFFERS = (
-    "latent_mean",
-    "latent_std",
-    "x_mean",
-    "x_std",
-    "v_mean",
-    "v_std",
-    "decoder_scale",
-    "decoder_shift",
-    "source_std",
-    "noise_std",
-)
-
-
 class FlowModel(nn.Module):
     """Encoder (torch), denoiser (torch) and the fixed affine maps around them.
 
@@ -216,7 +193,7 @@ class FlowModel(nn.Module):
         denoiser_template: Layer,
         decoder_layer: Layer,
         received_encoder: Layer | None,
-        stats: Mapping[str, npt.ArrayLike],
+        stats: Standardization,
         chunk_order: npt.NDArray[np.int64],
         noise_on_latents: bool,
         placement: Placement,
@@ -226,7 +203,7 @@ class FlowModel(nn.Module):
         """Use :meth:`from_networks`. ``encoder_template``/``denoiser_template`` are the layer values the
         torch modules were built from (training space); ``received_encoder``: the encoder to put the
         leaves of back at export (Embed false), None to send the training-space leaves; ``stats`` holds
-        the buffers above; ``chunk_order``: the decoder's chunk layout (``ChunkLayout.source``)."""
+        the buffers above (:class:`~trainer.training.standardization.Standardization`); ``chunk_order``: the decoder's chunk layout (``ChunkLayout.source``)."""
         super().__init__()
         self.encoder = encoder
         self.denoiser = denoiser
@@ -240,11 +217,11 @@ class FlowModel(nn.Module):
         self._decoder_layer = decoder_layer
         self._received_encoder = received_encoder
         self._chunk_order = np.asarray(chunk_order, dtype=np.int64)
-        for name in _BUFFERS:
-            self.register_buffer(name, torch.from_numpy(_f32(stats[name])))
+        for name, values in stats.buffers():
+            self.register_buffer(name, torch.from_numpy(values))
         # The fold at export uses exactly the float32 values training used (as float64), so the
         # exported network and the training model differ only by float rounding.
-        self._stats = {k: np.asarray(stats[k], dtype=np.float32).astype(np.float64) for k in _BUFFERS}
+        self._stats = stats.stored()
         if not placement.encoder_trained:
             self.encoder.requires_grad_(False)
         self.ema_decay = float(ema_decay)
@@ -281,136 +258,45 @@ class FlowModel(nn.Module):
         """
         _check_widths(denoiser, encoder, decoder, data, settings.chunk_size)
         notes: list[str] = []
-        embed = settings.embed_normalizations
         try:
             layout = ChunkLayout.from_schema(action_schema, settings.chunk_size)
         except ConfigError as error:
             raise Unsupported(f"ActionChunkSize {settings.chunk_size}: {error}") from None
-
-        # 1. Observations: statistics into a training copy of the encoder's leaves (both Embed modes).
-        # [INF] A received denoiser whose final Denormalize is not identity was exported by a trainer
-        # that folds statistics (la-trainer with Embed false does so on every export): the encoder came
-        # with it, so its Encoding MLPs hold the observation statistics already and are un-folded.
-        received_out = output_denormalize(denoiser)
-        earlier_export = not _is_identity(received_out.mean, received_out.std)
-        obs_stats = leaf_statistics(data.observations, obs_schema)
-        if embed and not has_auto_normalization(obs_schema):
-            notes.append(
-                "EmbedNormalizationsInWeights is true but no observation leaf has an Auto* Normalization "
-                "(spec section 10 item 5): the encoder gets no statistics"
-            )
-        encoder_train = encoder
-        handed_on: ElementwiseAffine | None = None
-        try:
-            written = write_encoder_normalization(encoder, obs_schema, obs_stats.mean, obs_stats.std)
-            if embed:
-                encoder_train = written
-            else:
-                if earlier_export:
-                    written, _ = move_encoder_normalization_in(written, encoder)
-                # what the export will hand on to the denoiser (and a check that it can move them out)
-                _, handed_on = move_encoder_normalization_out(written, encoder)
-                encoder_train = written
-            obs_in_encoder = True
-        except LayoutMismatch as error:
-            obs_in_encoder = False
-            notes.append(f"the encoder trains on raw observations (statistics not written): {error}")
-        obs_placement: Literal["encoder", "denoiser"] = "encoder" if embed and obs_in_encoder else "denoiser"
-        # Latents are standardised where nothing else normalises them for the denoiser: Embed false (the
-        # statistics then leave the encoder at export; Manual and discrete columns get theirs here) and an
-        # encoder that could not take the statistics. With Embed true the encoder's leaves do it.
-        standardize_latents = not (embed and obs_in_encoder)
-
-        # 2. Actions: into the decoder leaves, or (Embed false / fallback) x/velocity standardisation.
-        act_placement: Literal["decoder", "denoiser"] = "denoiser"
-        decoder_written = decoder
-        if embed and not has_auto_normalization(action_schema):
-            notes.append(
-                "EmbedNormalizationsInWeights is true but no action leaf has an Auto* Normalization "
-                "(spec section 10 item 5): the denoiser works in the recorded action units"
-            )
-        if embed:
-            try:
-                stats = leaf_statistics(data.step_actions, action_schema)
-                decoder_written = write_decoder_denormalization(
-                    decoder, action_schema, settings.chunk_size, stats.mean, stats.std
-                )
-                act_placement = "decoder"
-            except LayoutMismatch as error:
-                notes.append(f"action statistics folded into the denoiser instead of the decoder: {error}")
-        affine = require_elementwise_affine(decoder_written, "decoder")
-        x1 = decoder_inputs(data.targets[:, layout.source], affine.scale, affine.shift)
-        width = x1.shape[1]
-
+        # 1.-2. Observations, then actions (module docstring).
+        obs = _ObservationSide.build(
+            encoder, denoiser, obs_schema, settings.embed_normalizations, data, notes
+        )
+        act = _ActionSide.build(decoder, action_schema, settings, data, layout, notes)
         # 3. NormalizeLatents: the source Gaussian fitted to x1 (per dimension; the mean drops out).
-        if settings.normalize_latents:
-            source_std = x1.std(axis=0, dtype=np.float64)
-            source_std = np.where(source_std < MIN_STD, 1.0, source_std)
-        else:
-            source_std = np.ones(width)
-        if act_placement == "denoiser":
-            x_mean, x_std, v_mean, v_std = _flow_statistics(
-                x1, source_std if settings.normalize_latents else None
-            )
-        else:
-            x_mean, x_std = np.zeros(width), np.ones(width)
-            v_mean, v_std = np.zeros(width), np.ones(width)
-
+        source_std, x_mean, x_std, v_mean, v_std = _path_statistics(act, settings.normalize_latents)
         # 4. Encoder module, trained whenever it has weights; latent standardisation measured through it.
-        encoder_module = to_torch(encoder_train).to(device)
+        encoder_module = to_torch(obs.encoder).to(device)
         encoder_trained = any(True for _ in encoder_module.parameters())
-        if standardize_latents:
-            latent_mean, latent_std = _latent_statistics(encoder_module, data.observations, device)
+        if obs.standardize_latents:
+            latent_mean, latent_std = latent_statistics(encoder_module, data.observations, device)
         else:
-            latent_width = encoder_train.output_size
+            latent_width = obs.encoder.output_size
             latent_mean, latent_std = np.zeros(latent_width), np.ones(latent_width)
-
-        # 5. Observation noise: on the latents when the encoder is an element-wise map (its columns are
-        # the observation's), else on the observations themselves.
-        noise_obs = observation_noise_std(data.observations, obs_schema, obs_stats)
-        encoder_map = None if encoder_trained else elementwise_affine(encoder_train)
-        noise_on_latents = encoder_map is not None and encoder_train.output_size == noise_obs.size
-        if encoder_map is not None and noise_on_latents:
-            noise_std = noise_obs * np.abs(encoder_map.scale) / latent_std
-        else:
-            noise_std = noise_obs
-
-        stats_map = {
-            "latent_mean": latent_mean,
-            "latent_std": latent_std,
-            "x_mean": x_mean,
-            "x_std": x_std,
-            "v_mean": v_mean,
-            "v_std": v_std,
-            "decoder_scale": affine.scale,
-            "decoder_shift": affine.shift,
-            "source_std": source_std,
-            "noise_std": noise_std,
-        }
-
-        # 6. Denoiser in training space: its MLP sees standardised inputs and predicts a standardised
-        # velocity; its final Denormalize is identity during training and receives the velocity
-        # de-standardisation at export.
-        # [INF] An earlier export of ours (see 1.) has its first Linear folded too, so it is un-folded with
-        # the current statistics: continuing training from our own export starts exactly where it stopped
-        # (same data => same statistics), instead of standardising twice. The engine builds
-        # Denormalize(0, 1) (spec §6.3), so a fresh network is taken as it is: its Kaiming init expects
-        # unit-scale inputs, which is what the standardisation provides. The received output statistics
-        # themselves are replaced: export always writes the current ones, so runs never compound them.
-        shift_in, scale_in = _input_affine(_exported_latents(_stored(stats_map), handed_on))
-        denoiser_train = denoiser
-        if earlier_export and not (np.all(shift_in == 0) and np.all(scale_in == 1)):
-            denoiser_train = fold_input_affine(denoiser, -shift_in / scale_in, 1.0 / scale_in)
-            notes.append(
-                "the received denoiser carries output statistics (an earlier export); its first Linear "
-                "was un-folded with the current statistics to continue training from it"
-            )
-        denoiser_train = set_output_denormalize(denoiser_train, np.zeros(width), np.ones(width))
+        # 5. Observation noise, where the step adds it.
+        noise_on_latents, noise_std = _noise_scale(obs, obs_schema, data, encoder_trained, latent_std)
+        stats = Standardization(
+            latent_mean=latent_mean,
+            latent_std=latent_std,
+            x_mean=x_mean,
+            x_std=x_std,
+            v_mean=v_mean,
+            v_std=v_std,
+            decoder_scale=act.affine.scale,
+            decoder_shift=act.affine.shift,
+            source_std=source_std,
+            noise_std=noise_std,
+        )
+        # 6. Denoiser in training space.
+        denoiser_train = _training_denoiser(denoiser, stats, obs, act.width, notes)
         denoiser_module = to_torch(denoiser_train).to(device)
-
         placement = Placement(
-            observations=obs_placement,
-            actions=act_placement,
+            observations=obs.placement,
+            actions=act.placement,
             fitted_source=settings.normalize_latents,
             encoder_trained=encoder_trained,
             notes=tuple(notes),
@@ -418,11 +304,11 @@ class FlowModel(nn.Module):
         model = cls(
             encoder=encoder_module,
             denoiser=denoiser_module,
-            encoder_template=encoder_train,
+            encoder_template=obs.encoder,
             denoiser_template=denoiser_train,
-            decoder_layer=decoder_written,
-            received_encoder=encoder if handed_on is not None else None,
-            stats=stats_map,
+            decoder_layer=act.decoder,
+            received_encoder=encoder if obs.handed_on is not None else None,
+            stats=stats,
             chunk_order=layout.source,
             noise_on_latents=noise_on_latents,
             placement=placement,
@@ -436,8 +322,8 @@ class FlowModel(nn.Module):
         chunk in the decoder's layout)."""
         return TensorData.build(
             data,
-            self._stats["decoder_scale"],
-            self._stats["decoder_shift"],
+            self._stats.decoder_scale,
+            self._stats.decoder_shift,
             self.decoder_scale.device,
             order=self._chunk_order,
         )
@@ -534,11 +420,11 @@ class FlowModel(nn.Module):
         if self._received_encoder is not None:
             encoder_layer, handed_on = move_encoder_normalization_out(encoder_layer, self._received_encoder)
         layer = from_torch(denoiser, self._denoiser_template)
-        shift_in, scale_in = _input_affine(_exported_latents(self._stats, handed_on))
+        shift_in, scale_in = self._stats.exported_latents(handed_on).input_affine()
         if not (np.all(shift_in == 0) and np.all(scale_in == 1)):
             layer = fold_input_affine(layer, shift_in, scale_in)
         out = output_denormalize(layer)
-        v_mean, v_std = self._stats["v_mean"], self._stats["v_std"]
+        v_mean, v_std = self._stats.v_mean, self._stats.v_std
         layer = set_output_denormalize(
             layer,
             out.mean.astype(np.float64) * v_std + v_mean,
@@ -595,6 +481,182 @@ class FlowModel(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
+# The steps of FlowModel.from_networks, in its order
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _ObservationSide:
+    """Step 1: the encoder to train (observation statistics written into a training copy of its leaves,
+    both Embed modes) and what that decided."""
+
+    encoder: Layer
+    """The training-space encoder (the received one when its tree cannot take the statistics)."""
+    handed_on: ElementwiseAffine | None
+    """Embed false: what the export will hand on to the denoiser when it moves the statistics out."""
+    placement: Literal["encoder", "denoiser"]
+    earlier_export: bool
+    """The received denoiser carries output statistics: an earlier export of ours (step 6 un-folds it)."""
+    standardize_latents: bool
+    """Latents are standardised where nothing else normalises them for the denoiser: Embed false (the
+    statistics then leave the encoder at export; Manual and discrete columns get theirs here) and an
+    encoder that could not take the statistics. With Embed true the encoder's leaves do it."""
+    statistics: LeafStatistics
+
+    @classmethod
+    def build(
+        cls,
+        encoder: Layer,
+        denoiser: Layer,
+        obs_schema: SchemaNode,
+        embed: bool,
+        data: TrainingData,
+        notes: list[str],
+    ) -> _ObservationSide:
+        # [INF] A received denoiser whose final Denormalize is not identity was exported by a trainer
+        # that folds statistics (la-trainer with Embed false does so on every export): the encoder came
+        # with it, so its Encoding MLPs hold the observation statistics already and are un-folded.
+        received_out = output_denormalize(denoiser)
+        earlier_export = not _is_identity(received_out.mean, received_out.std)
+        obs_stats = leaf_statistics(data.observations, obs_schema)
+        if embed and not has_auto_normalization(obs_schema):
+            notes.append(
+                "EmbedNormalizationsInWeights is true but no observation leaf has an Auto* Normalization "
+                "(spec section 10 item 5): the encoder gets no statistics"
+            )
+        encoder_train = encoder
+        handed_on: ElementwiseAffine | None = None
+        try:
+            written = write_encoder_normalization(encoder, obs_schema, obs_stats.mean, obs_stats.std)
+            if embed:
+                encoder_train = written
+            else:
+                if earlier_export:
+                    written, _ = move_encoder_normalization_in(written, encoder)
+                # what the export will hand on to the denoiser (and a check that it can move them out)
+                _, handed_on = move_encoder_normalization_out(written, encoder)
+                encoder_train = written
+            obs_in_encoder = True
+        except LayoutMismatch as error:
+            obs_in_encoder = False
+            notes.append(f"the encoder trains on raw observations (statistics not written): {error}")
+        return cls(
+            encoder=encoder_train,
+            handed_on=handed_on,
+            placement="encoder" if embed and obs_in_encoder else "denoiser",
+            earlier_export=earlier_export,
+            standardize_latents=not (embed and obs_in_encoder),
+            statistics=obs_stats,
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _ActionSide:
+    """Step 2: the decoder as it will be sent (Embed true: action statistics in its leaves) and the flow's
+    data points ``x1 = decoder⁻¹(action chunk)`` (N, A) in the decoder's chunk layout."""
+
+    decoder: Layer
+    placement: Literal["decoder", "denoiser"]
+    affine: ElementwiseAffine
+    x1: Floats
+
+    @property
+    def width(self) -> int:
+        return int(self.x1.shape[1])
+
+    @classmethod
+    def build(
+        cls,
+        decoder: Layer,
+        action_schema: SchemaNode,
+        settings: ModelSettings,
+        data: TrainingData,
+        layout: ChunkLayout,
+        notes: list[str],
+    ) -> _ActionSide:
+        embed = settings.embed_normalizations
+        placement: Literal["decoder", "denoiser"] = "denoiser"
+        decoder_written = decoder
+        if embed and not has_auto_normalization(action_schema):
+            notes.append(
+                "EmbedNormalizationsInWeights is true but no action leaf has an Auto* Normalization "
+                "(spec section 10 item 5): the denoiser works in the recorded action units"
+            )
+        if embed:
+            try:
+                stats = leaf_statistics(data.step_actions, action_schema)
+                decoder_written = write_decoder_denormalization(
+                    decoder, action_schema, settings.chunk_size, stats.mean, stats.std
+                )
+                placement = "decoder"
+            except LayoutMismatch as error:
+                notes.append(f"action statistics folded into the denoiser instead of the decoder: {error}")
+        affine = require_elementwise_affine(decoder_written, "decoder")
+        x1 = decoder_inputs(data.targets[:, layout.source], affine.scale, affine.shift)
+        return cls(decoder=decoder_written, placement=placement, affine=affine, x1=x1)
+
+
+def _path_statistics(
+    act: _ActionSide, normalize_latents: bool
+) -> tuple[Doubles, Doubles, Doubles, Doubles, Doubles]:
+    """Step 3: (source std, x mean, x std, velocity mean, velocity std), each (A,): the fitted source's σ
+    (1 without ``NormalizeLatents``) and, when the actions live in the denoiser's space, the x/velocity
+    standardisation of the path (:func:`~trainer.training.standardization.flow_statistics`)."""
+    width = act.width
+    if normalize_latents:
+        source_std = act.x1.std(axis=0, dtype=np.float64)
+        source_std = np.where(source_std < MIN_STD, 1.0, source_std)
+    else:
+        source_std = np.ones(width)
+    if act.placement == "denoiser":
+        x_mean, x_std, v_mean, v_std = flow_statistics(act.x1, source_std if normalize_latents else None)
+    else:
+        x_mean, x_std = np.zeros(width), np.ones(width)
+        v_mean, v_std = np.zeros(width), np.ones(width)
+    return source_std, x_mean, x_std, v_mean, v_std
+
+
+def _noise_scale(
+    obs: _ObservationSide,
+    obs_schema: SchemaNode,
+    data: TrainingData,
+    encoder_trained: bool,
+    latent_std: Doubles,
+) -> tuple[bool, Doubles]:
+    """Step 5: (on the latents?, the scale of one unit of noise). On the latents when the encoder is an
+    element-wise map (its columns are the observation's), else on the observations themselves."""
+    noise_obs = observation_noise_std(data.observations, obs_schema, obs.statistics)
+    encoder_map = None if encoder_trained else elementwise_affine(obs.encoder)
+    noise_on_latents = encoder_map is not None and obs.encoder.output_size == noise_obs.size
+    if encoder_map is not None and noise_on_latents:
+        return noise_on_latents, noise_obs * np.abs(encoder_map.scale) / latent_std
+    return noise_on_latents, noise_obs
+
+
+def _training_denoiser(
+    denoiser: Layer, stats: Standardization, obs: _ObservationSide, width: int, notes: list[str]
+) -> Layer:
+    """Step 6: the denoiser in training space: its MLP sees standardised inputs and predicts a
+    standardised velocity; its final Denormalize is identity during training and receives the velocity
+    de-standardisation at export.
+
+    [INF] An earlier export of ours (step 1) has its first Linear folded too, so it is un-folded with the
+    current statistics: continuing training from our own export starts exactly where it stopped (same
+    data => same statistics), instead of standardising twice. The engine builds Denormalize(0, 1) (spec
+    §6.3), so a fresh network is taken as it is: its Kaiming init expects unit-scale inputs, which is
+    what the standardisation provides. The received output statistics themselves are replaced: export
+    always writes the current ones, so runs never compound them."""
+    shift_in, scale_in = stats.stored().exported_latents(obs.handed_on).input_affine()
+    denoiser_train = denoiser
+    if obs.earlier_export and not (np.all(shift_in == 0) and np.all(scale_in == 1)):
+        denoiser_train = fold_input_affine(denoiser, -shift_in / scale_in, 1.0 / scale_in)
+        notes.append(
+            "the received denoiser carries output statistics (an earlier export); its first Linear "
+            "was un-folded with the current statistics to continue training from it"
+        )
+    return set_output_denormalize(denoiser_train, np.zeros(width), np.ones(width))
+
+
+# --------------------------------------------------------------------------------------------------
 # Helpers
 
 
@@ -605,97 +667,8 @@ def _standardized_velocity(
     return denoiser(torch.cat((z, (x - x_mean) / x_std, t), dim=1))
 
 
-def _input_affine(
-    stats: Mapping[str, npt.ArrayLike],
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Shift and scale (L + A + 1,) of the denoiser input [z ‖ x ‖ t]; t is never standardised."""
-    shift = np.concatenate([np.asarray(stats["latent_mean"]), np.asarray(stats["x_mean"]), [0.0]])
-    scale = np.concatenate([np.asarray(stats["latent_std"]), np.asarray(stats["x_std"]), [1.0]])
-    return shift.astype(np.float64), scale.astype(np.float64)
-
-
-def _exported_latents(
-    stats: Mapping[str, Doubles], handed_on: ElementwiseAffine | None
-) -> Mapping[str, Doubles]:
-    """``stats`` with the latent standardisation as the exported encoder needs it: when the encoder hands
-    on ``moved(x)`` with ``trained(x) = moved(x)·scale + shift`` (Embed false), then
-    ``(trained(x) − m)/s = (moved(x) − (m − shift)/scale)/(s/scale)``."""
-    if handed_on is None:
-        return stats
-    return {
-        **stats,
-        "latent_mean": (stats["latent_mean"] - handed_on.shift) / handed_on.scale,
-        "latent_std": stats["latent_std"] / handed_on.scale,
-    }
-
-
-def _stored(stats: Mapping[str, npt.ArrayLike]) -> dict[str, Doubles]:
-    """The statistics as the float32 buffers hold them (as float64): what training used."""
-    return {k: np.asarray(v, dtype=np.float32).astype(np.float64) for k, v in stats.items()}
-
-
 def _is_identity(mean: npt.ArrayLike, std: npt.ArrayLike) -> bool:
     return bool(np.all(np.asarray(mean) == 0) and np.all(np.asarray(std) == 1))
-
-
-def _flow_statistics(x1: Floats, source_std: Doubles | None) -> tuple[Doubles, Doubles, Doubles, Doubles]:
-    """Per-dim standardisation of the denoiser's x input and velocity output in the decoder-input space.
-
-    [INF] x: the marginal of the training path over x0 ~ N(0, 1), t ~ U[0, 1]. For the linear path
-    (``source_std`` None) in closed form: mean μ/2, variance 1/3 + σ²/3 + μ²/12 (μ, σ of x1); velocity
-    u = x1 − x0: mean μ, variance σ² + 1. For the fitted-source path (:func:`trainer.training.flow.
-    interpolate_fitted`, source std ς) the per-t moments are closed-form (x̃: mean tμ/s, variance
-    (a² + t²σ²)/s²; u: mean ςμ/s², variance ς²(σ² + 1)/s⁴, with a = (1 − t)ς, s = a + t) and are
-    averaged over :data:`_STATISTICS_TIMES` midpoints of [0, 1]. Deterministic (no sampling); any affine
-    choice folds exactly, so this only sets the conditioning. Variances are floored at MIN_STD².
-    """
-    mu = x1.mean(axis=0, dtype=np.float64)
-    var = x1.var(axis=0, dtype=np.float64)
-    if source_std is None:
-        x_mean = mu / 2.0
-        x_std = np.sqrt(1.0 / 3.0 + var / 3.0 + mu * mu / 12.0)
-        return x_mean, x_std, mu, np.sqrt(var + 1.0)
-    t = ((np.arange(_STATISTICS_TIMES) + 0.5) / _STATISTICS_TIMES)[:, None]
-    a = (1.0 - t) * source_std
-    s = a + t
-    x_mean_t = t * mu / s
-    x_second = ((a * a + t * t * var) / (s * s) + x_mean_t**2).mean(axis=0)
-    u_mean_t = source_std * mu / (s * s)
-    u_second = (source_std**2 * (var + 1.0) / s**4 + u_mean_t**2).mean(axis=0)
-    x_mean, u_mean = x_mean_t.mean(axis=0), u_mean_t.mean(axis=0)
-    floor = MIN_STD * MIN_STD
-    x_std = np.sqrt(np.maximum(x_second - x_mean**2, floor))
-    u_std = np.sqrt(np.maximum(u_second - u_mean**2, floor))
-    return x_mean, x_std, u_mean, u_std
-
-
-@torch.no_grad()
-def _latent_statistics(
-    encoder: nn.Module, observations: Floats, device: torch.device | str
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Per-dim mean and std (L,) of the encoder's outputs over every training row (float64, combined
-    chunk by chunk with Chan's parallel formula); std < MIN_STD → 1."""
-    count = 0
-    mean: Tensor | None = None
-    m2: Tensor | None = None
-    for start in range(0, observations.shape[0], _LATENT_CHUNK):
-        obs = torch.from_numpy(observations[start : start + _LATENT_CHUNK]).to(device)
-        z = encoder(obs).to(torch.float64)
-        n = z.shape[0]
-        chunk_mean = z.mean(dim=0)
-        chunk_m2 = ((z - chunk_mean) ** 2).sum(dim=0)
-        if mean is None or m2 is None:
-            mean, m2 = chunk_mean, chunk_m2
-        else:
-            delta = chunk_mean - mean
-            total = count + n
-            mean = mean + delta * (n / total)
-            m2 = m2 + chunk_m2 + delta * delta * (count * n / total)
-        count += n
-    assert mean is not None and m2 is not None  # TrainingData has at least one row
-    std = torch.sqrt(m2 / count)
-    std = torch.where(std < MIN_STD, torch.ones_like(std), std)
-    return mean.cpu().numpy(), std.cpu().numpy()
 
 
 def _check_widths(
