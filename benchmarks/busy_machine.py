@@ -50,7 +50,7 @@ from typing import Any
 from benchmarks.time_to_quality.run import commit
 from emulator.session import EngineTask, SessionSettings, run_engine_session
 from trainer.records.runrecord import find_run_folders, read_metrics
-from trainer.session.run import THREADS_WORK_THRESHOLD
+from trainer.training.threads import THREADS_WORK_THRESHOLD
 
 __all__ = ["POLICIES", "WORKLOADS", "main", "table"]
 

@@ -13,7 +13,7 @@ N ≥ 2 is ``torchrun --standalone --nproc-per-node N`` of this file with ``--wo
 * ``cores_ceiling``: N independent 1-process runs at once, ``Σ sps / (N · sps(1, B))``: what the machine
   gives N processes at all (shared or hyper-threaded cores), the ceiling of either efficiency here;
 * ``speedup_over_trainer``: ``sps(N) / sps(trainer)``, where ``trainer`` is one process as the trainer
-  really runs, with the intra-op thread count it chooses itself (:func:`trainer.session.run.choose_threads`: one
+  really runs, with the intra-op thread count it chooses itself (:func:`trainer.training.threads.choose_threads`: one
   thread for small networks, up to 8 for large ones). This is the question a user asks: is N processes
   faster than the one trainer using the same cores? The efficiencies above divide by a 1-thread process,
   which a large network's trainer never is.
@@ -148,9 +148,9 @@ def time_steps(job: TrainingJob, warmup: int, steps: int) -> float:
 
 def trainer_threads(config: BenchConfig) -> int:
     """The intra-op thread count the trainer itself chooses for this network and batch."""
-    from trainer.session.run import choose_threads
+    from trainer.training.threads import choose_threads
 
-    return choose_threads(TrainerOptions(), config.batch_size * parameter_count(config))
+    return choose_threads(TrainerOptions().threads, config.batch_size * parameter_count(config))
 
 
 def single(config: BenchConfig, warmup: int, steps: int, threads: int = 1) -> dict[str, Any]:

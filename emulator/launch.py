@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 
 from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs, format_launch_argv
-from trainer.dropin.handover import ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE
+from protocol.names import ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE
 from trainer.records.runrecord import new_task_folder
 
 __all__ = [

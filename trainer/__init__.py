@@ -1,8 +1,14 @@
 """la-trainer: the external training process for Unreal Engine Learning Agents (flow matching).
 
-Everything the trainer does with side effects lives here: transports, torch, the training story, the
-command line. Byte layouts live in :mod:`protocol`; the game side (emulator, demo, speed bench) in
-``emulator``, which this package never imports.
+Everything the trainer does with side effects lives here, grouped by concern, lowest first (each group
+imports only the ones before it; docs/design.md, tests/test_architecture.py): :mod:`~trainer.system` (the
+operating system: console, atomic writes, liveness), :mod:`~trainer.settings` (options, ``LA_TRAINER_*``
+names, timeouts), :mod:`~trainer.training` (the maths and the model), :mod:`~trainer.records` (status,
+run record, trackers), :mod:`~trainer.session` (one run with the engine: the story, links, transports),
+:mod:`~trainer.distributed` (one rank of a scale-out run), :mod:`~trainer.dropin` (the engine's
+``train.py`` and the hand-over) and :mod:`~trainer.commands` (the ``la-trainer`` command line). Byte
+layouts live in :mod:`protocol`; the game side (emulator, demo, speed bench) in ``emulator``, which this
+package never imports.
 """
 
 import os

@@ -36,11 +36,10 @@ __all__ = ["measure_train_section", "measure_training"]
 
 def _trainer_threads(cfg: TrainConfig, override: int) -> int:
     """The intra-op thread count the trainer would use for ``cfg`` (its own heuristic)."""
-    from trainer.session.run import choose_threads  # the trainer's own choice: measure what it does
-    from trainer.settings.options import TrainerOptions
+    from trainer.training.threads import choose_threads  # the trainer's own choice: measure what it does
 
     params = sum(a * b + b for a, b in itertools.pairwise(cfg.layer_widths))
-    return choose_threads(TrainerOptions(threads=override), cfg.batch_size * params)
+    return choose_threads(override, cfg.batch_size * params)
 
 
 def _our_step(job: TrainingJob) -> Callable[[int], None]:

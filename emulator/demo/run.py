@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emulator.demo.evaluation import Evaluation, evaluate_networks
+from emulator.demo.figure import Trajectories
 from emulator.demo.plan import DEFAULT_TIME_LIMIT_S, EVALUATION_SEED, DemoPlan
-from emulator.demo.report import DemoReport, ReportFiles, ResultRow, Trajectories, write_report
+from emulator.demo.report import DemoReport, ReportFiles, ResultRow, write_report
 from emulator.demo.training import TrainingMonitor, TrainingRun, train_over_shared_memory
 from emulator.session import EngineTask
 from emulator.tasks import Demonstrations, avoid

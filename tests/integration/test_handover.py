@@ -30,9 +30,10 @@ from emulator.launch import (
 )
 from emulator.session import EngineTask, build_session_config, free_tcp_port
 from tests.support.sessions import SETTINGS
-from trainer.dropin.handover import DROPIN_MARKER, ENV_HANDED_OVER
+from trainer.dropin.handover import DROPIN_MARKER
 from trainer.exitcodes import ExitCode
 from trainer.records.progress import STATUS_FILE_NAME
+from trainer.settings.environment import ENV_HANDED_OVER
 
 pytestmark = [
     pytest.mark.integration,

@@ -153,7 +153,7 @@ def test_refused_options_are_recorded_before_the_link_opens(tmp_path: Path) -> N
         [
             sys.executable,
             "-c",
-            "import sys; from trainer.session.app import engine_main; sys.exit(engine_main(sys.argv[1:]))",
+            "import sys; from trainer.dropin.engine import engine_main; sys.exit(engine_main(sys.argv[1:]))",
             *argv,
         ],
         capture_output=True,

@@ -10,18 +10,16 @@ from typing import Any
 
 import pytest
 
+from protocol.names import ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE
 from trainer.dropin.handover import (
     DROPIN_MARKER,
-    ENGINE_DEFAULT_MODULE,
-    ENV_ENGINE_TRAIN_PY,
-    ENV_HANDED_OVER,
-    FLOW_MATCHING_MODULE,
     engine_train_py,
     hand_over,
     is_la_trainer_script,
     socket_hands_over,
-    socket_refusal,
 )
+from trainer.session.run import socket_refusal
+from trainer.settings.environment import ENV_ENGINE_TRAIN_PY, ENV_HANDED_OVER
 
 EXPERIMENTAL = ("Engine", "Plugins", "Experimental")
 

@@ -18,12 +18,12 @@ from protocol.replay import ReplayBuffer
 from protocol.snapshot import read_snapshot
 from trainer.records.runrecord import RunLog, RunRecord, read_metrics
 from trainer.records.trackers import Trackers
+from trainer.session.heldout import HeldOutRound
 from trainer.settings.options import TrainerOptions
 from trainer.training.data import TrainingData
 from trainer.training.heldout import (
     SAMPLES_PER_ROW,
     HeldOutMetrics,
-    HeldOutRound,
     energy_distance,
     energy_score,
     heldout_episode_count,

@@ -16,10 +16,16 @@ from trainer.exitcodes import ExitCode
 from trainer.records.progress import read_status
 from trainer.records.runrecord import find_run_folders, read_metrics
 from trainer.session.links import MemoryLink
-from trainer.session.run import THREADS_WORK_THRESHOLD, choose_threads, run_training
+from trainer.session.run import run_training
 from trainer.settings.options import TrainerOptions
 from trainer.training.job import TrainingJob
-from trainer.training.threads import ThreadPolicy, ThreadSettings, usable_cores
+from trainer.training.threads import (
+    THREADS_WORK_THRESHOLD,
+    ThreadPolicy,
+    ThreadSettings,
+    choose_threads,
+    usable_cores,
+)
 
 SETTINGS = SessionSettings(
     iteration_num=6, batch_size=32, hidden_layer_num=1, hidden_layer_size=16, device="CPU", seed=3
@@ -28,9 +34,9 @@ SETTINGS = SessionSettings(
 
 def test_the_threshold_splits_one_thread_from_several() -> None:
     options = TrainerOptions()
-    assert choose_threads(options, THREADS_WORK_THRESHOLD - 1) == 1
-    assert choose_threads(options, THREADS_WORK_THRESHOLD) == min(usable_cores(), 8)
-    assert choose_threads(dataclasses.replace(options, threads=3), 10) == 3  # an explicit choice wins
+    assert choose_threads(options.threads, THREADS_WORK_THRESHOLD - 1) == 1
+    assert choose_threads(options.threads, THREADS_WORK_THRESHOLD) == min(usable_cores(), 8)
+    assert choose_threads(dataclasses.replace(options, threads=3).threads, 10) == 3  # an explicit choice wins
 
 
 def test_prepare_job_sees_the_trainers_choice_and_the_banner_reports_its_cap(

@@ -13,9 +13,9 @@ import pytest
 
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
+from trainer.settings.environment import NOT_OPTIONS
 from trainer.settings.options import (
     ALIASES,
-    OTHER_ENVIRONMENT_NAMES,
     SETTINGS_FILE_NAME,
     OptionError,
     TrainerOptions,
@@ -174,11 +174,9 @@ def _string_constants(path: Path) -> set[str]:
 
 
 def test_every_la_trainer_variable_the_code_reads_is_known() -> None:
-    """An option, an alias, or listed in OTHER_ENVIRONMENT_NAMES: otherwise setting it would draw the
+    """An option, an alias, or listed in NOT_OPTIONS: otherwise setting it would draw the
     'not a la-trainer setting' warning although something reads it."""
-    known = (
-        {env_name(n) for n in option_names()} | {env_name(a) for a in ALIASES} | set(OTHER_ENVIRONMENT_NAMES)
-    )
+    known = {env_name(n) for n in option_names()} | {env_name(a) for a in ALIASES} | set(NOT_OPTIONS)
     used: set[str] = set()
     for folder in ("trainer", "emulator", "scripts", "tests"):
         for path in (REPO / folder).rglob("*.py"):
@@ -192,9 +190,7 @@ def test_every_la_trainer_variable_the_code_reads_is_known() -> None:
 def test_every_la_trainer_variable_the_scripts_and_docs_name_is_known() -> None:
     """A variable the set-up scripts read (LA_TRAINER_TORCH, LA_TRAINER_VENV) is often still set in the
     shell that then runs la-trainer: it must not be warned about as a misspelt option."""
-    known = (
-        {env_name(n) for n in option_names()} | {env_name(a) for a in ALIASES} | set(OTHER_ENVIRONMENT_NAMES)
-    )
+    known = {env_name(n) for n in option_names()} | {env_name(a) for a in ALIASES} | set(NOT_OPTIONS)
     files = [REPO / "README.md", REPO / "Dockerfile", *(REPO / "docs").rglob("*.md")]
     files += [path for path in (REPO / "scripts").iterdir() if path.suffix in (".sh", ".ps1")]
     named: set[str] = set()

@@ -18,7 +18,7 @@ from tests.support.recordings import record_files as recorder_files
 from trainer.commands.cli import main
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
-from trainer.session.run import choose_device
+from trainer.training.device import choose_device
 
 
 def _cuda(monkeypatch: pytest.MonkeyPatch, count: int) -> None:

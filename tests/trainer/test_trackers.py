@@ -146,7 +146,7 @@ def test_mlflow_gets_uri_run_name_metrics_params_and_networks(tmp_path: Path) ->
     assert fake.uri == "http://mlflow:5000"
     assert fake.run_name == NAME
     assert fake.metrics == [({"loss/flow_matching": 0.25}, 200)] and fake.ended
-    assert fake.params["option.time_distribution"] == OFF.time_distribution
+    assert fake.params["option.time_distribution"] == str(OFF.time_distribution)
     assert fake.params["engine.FlowMatchingTrainingSettings.BatchSize"] == str(config.training.batch_size)
     assert fake.artifacts == [(str(network), "networks")]
 

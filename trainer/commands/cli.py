@@ -19,7 +19,22 @@ import click
 
 from trainer import __version__
 
-__all__ = ["main", "training_options", "training_overrides"]
+__all__ = ["MORE_OPTIONS", "main", "training_options", "training_overrides"]
+
+
+def _more_options() -> str:
+    from trainer.settings.options import experimental_options
+
+    return (
+        "Every option here is also LA_TRAINER_<NAME> and a key of la-trainer.json, where more options live "
+        "(README, 'Trainer options'). Experimental (research knobs, off or neutral by default, may change "
+        f"or go): {', '.join(experimental_options())}."
+    )
+
+
+MORE_OPTIONS = _more_options()
+"""The epilog of every training command's ``--help``: where the other options are, and which are
+experimental."""
 
 
 def training_options(func: Any) -> Any:
@@ -230,7 +245,7 @@ def main() -> None:
     """
 
 
-@main.command("shm")
+@main.command("shm", epilog=MORE_OPTIONS)
 @click.argument("task_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--guid", "-g", type=str, default=None, help="Controls GUID (generated with --create if omitted)."
@@ -328,7 +343,7 @@ def shm_command(
     )
 
 
-@main.command("socket")
+@main.command("socket", epilog=MORE_OPTIONS)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=48491, show_default=True, type=click.IntRange(1, 65535), help="TCP port.")
 @click.option(
@@ -405,7 +420,7 @@ def socket_command(host: str, port: int, temp_dir: Path, serve: bool, **kwargs: 
     )
 
 
-@main.command("offline")
+@main.command("offline", epilog=MORE_OPTIONS)
 @click.argument("materials", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--out",

@@ -28,6 +28,7 @@ import click
 
 from trainer import __version__
 from trainer.exitcodes import ExitCode
+from trainer.training.device import CUDA_HINT
 
 __all__ = ["Check", "doctor_command", "engine_python", "run_checks"]
 
@@ -36,13 +37,6 @@ OK, NOTE, FAIL = "ok", "note", "FAIL"
 SHM_RECOMMENDED_BYTES = 2 << 30
 """Below this much free space in /dev/shm a note is shown: the engine's replay buffer lives there in
 shared-memory mode (a container's default 64 MiB holds only small recordings: ``--shm-size``)."""
-
-CUDA_HINT = (
-    "for a GPU: pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu126 "
-    "(choose the cuXXX your NVIDIA driver supports)"
-)
-"""How to get a CUDA build of torch; also in the trainer's CPU-fallback warning (trainer/session/run.py)."""
-
 
 ENGINE_PROBE_TIMEOUT_S = 120.0
 """Bound of the engine-Python probe (it imports torch, which takes 1 to 5 s warm and can take a minute

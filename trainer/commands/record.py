@@ -37,7 +37,7 @@ from protocol.engine.export import TRAINING_MATERIALS_DIR, encode_training_mater
 from protocol.errors import ProtocolError
 from protocol.ints import INT32_MAX, INT32_MIN
 from protocol.record import Record, read_records, records_to_replay_buffer
-from trainer.commands.cli import training_options, training_overrides
+from trainer.commands.cli import MORE_OPTIONS, training_options, training_overrides
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import check_output_folder, new_task_folder
 from trainer.session.app import run_with_link
@@ -98,7 +98,7 @@ def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object
     return obs, act
 
 
-@click.command("record")
+@click.command("record", epilog=MORE_OPTIONS)
 @click.argument(
     "records", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )

@@ -4,7 +4,8 @@ Launch: ``torchrun --nproc-per-node N [--nnodes M ...] -m trainer.distributed <e
 every mode: ``docs/scale-out.md``). ``python -m trainer.distributed`` outside torchrun is the ordinary
 trainer, or, with ``LA_TRAINER_NPROC_PER_NODE=N``, re-executes itself under torchrun (engine-spawned mode).
 
-Modules, in the order a run meets them: :mod:`~trainer.distributed.launch` (the entry point),
+Modules, in the order a run meets them (the entry point, ``python -m trainer.distributed``, is the drop-in's
+:mod:`trainer.dropin.scale_out`):
 :mod:`~trainer.distributed.environment` (torchrun's variables and ours, seeds, the batch share),
 :mod:`~trainer.distributed.rank` (one rank start to end), :mod:`~trainer.distributed.frames` (what rank 0
 broadcasts), :mod:`~trainer.distributed.links` (each rank's link), :mod:`~trainer.distributed.job` (the
@@ -51,13 +52,6 @@ from trainer.distributed.environment import (
     DEFAULT_AGREE_EVERY,
     DEFAULT_STALL_S,
     DEFAULT_TIMEOUT_S,
-    ENV_AGREE,
-    ENV_BACKEND,
-    ENV_ENGINE_PID,
-    ENV_NPROC,
-    ENV_STALL,
-    ENV_TIMEOUT,
-    ENV_TORCHRUN_ARGS,
     DistEnv,
     ShardSampler,
     derive_seed,
@@ -86,7 +80,6 @@ from trainer.distributed.job import (
     scale_out_job,
     sync_start_state,
 )
-from trainer.distributed.launch import main, torchrun_command
 from trainer.distributed.links import BroadcastLink, Rank0Link
 from trainer.distributed.rank import run_rank
 from trainer.distributed.state import RankContext, RunState
@@ -98,13 +91,6 @@ __all__ = [
     "DEFAULT_AGREE_EVERY",
     "DEFAULT_STALL_S",
     "DEFAULT_TIMEOUT_S",
-    "ENV_AGREE",
-    "ENV_BACKEND",
-    "ENV_ENGINE_PID",
-    "ENV_NPROC",
-    "ENV_STALL",
-    "ENV_TIMEOUT",
-    "ENV_TORCHRUN_ARGS",
     "FRAME_HEADER_WORDS",
     "FRAME_MAGIC",
     "MAX_CONFIG_BYTES",
@@ -131,10 +117,8 @@ __all__ = [
     "encode_options",
     "is_collective_failure",
     "local_batch_size",
-    "main",
     "run_rank",
     "scale_out_job",
     "select_backend",
     "sync_start_state",
-    "torchrun_command",
 ]

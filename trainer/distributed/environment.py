@@ -11,7 +11,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.dropin import ENV_ENGINE_PID, ENV_NPROC, ENV_TORCHRUN_ARGS
 from trainer.errors import LaunchError
 from trainer.training.data import Batch, TensorData
 from trainer.training.steps.autograd import BatchSampler
@@ -20,13 +19,6 @@ __all__ = [
     "DEFAULT_AGREE_EVERY",
     "DEFAULT_STALL_S",
     "DEFAULT_TIMEOUT_S",
-    "ENV_AGREE",
-    "ENV_BACKEND",
-    "ENV_ENGINE_PID",
-    "ENV_NPROC",
-    "ENV_STALL",
-    "ENV_TIMEOUT",
-    "ENV_TORCHRUN_ARGS",
     "STORE_PREFIX",
     "DistEnv",
     "ShardSampler",
@@ -36,15 +28,6 @@ __all__ = [
     "local_batch_size",
     "select_backend",
 ]
-
-ENV_BACKEND = "LA_TRAINER_DIST_BACKEND"
-"""Override the process-group backend string (default: ``cpu:gloo,cuda:nccl`` with CUDA, else ``gloo``)."""
-ENV_TIMEOUT = "LA_TRAINER_DIST_TIMEOUT_SECONDS"
-"""Collective timeout, seconds (default :data:`DEFAULT_TIMEOUT_S`)."""
-ENV_AGREE = "LA_TRAINER_DIST_AGREE_EVERY"
-"""Steps between the ranks' agreements on stop / interrupt / loss (default 8)."""
-ENV_STALL = "LA_TRAINER_DIST_STALL_SECONDS"
-"""Seconds a training step may wait on the other ranks before rank 0 gives up (default 300)."""
 
 DEFAULT_TIMEOUT_S = 86_400.0
 """A day. The other ranks wait in a collective while rank 0 waits for the game, and rank 0 waits for as long

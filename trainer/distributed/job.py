@@ -26,7 +26,7 @@ from trainer.distributed.frames import MAX_STATE_BYTES, FrameKind
 from trainer.distributed.state import RankContext
 from trainer.errors import Diverged, exit_code_for
 from trainer.exitcodes import ExitCode
-from trainer.records.progress import log
+from trainer.system.console import log
 from trainer.training.job import TrainingJob
 
 __all__ = [

@@ -2,10 +2,14 @@
 
 The engine spawns one ``train.py`` for BehaviorCloning, PPO and FlowMatching; only ``TrainerMethod`` in the
 trainer config tells them apart (spec §1.6, §11 item 3). Once the engine runs la-trainer in place of its
-script (``la-trainer install-engine``, ``-LearningAgentsEnginePath``), its other trainers must keep working:
+script (``la-trainer install-engine``, ``-LearningAgentsEnginePath``), its other trainers must keep working.
+This module owns the hand-over: every decision to hand a run over and the hand-over itself; the
+mechanisms it uses are the pinger (:mod:`trainer.dropin.pinger`), the socket relay
+(:mod:`trainer.dropin.relay`) and, for a half install or scale-out, reading the method from the config
+file (:mod:`trainer.dropin.method`).
 
 * **Shared memory** (spawned): before torch is imported, the trainer waits for ConfigSignal and reads
-  ``TrainerMethod`` without acknowledging (:meth:`trainer.session.links.ShmTrainerLink.peek_trainer_method`). For
+  ``TrainerMethod`` without acknowledging (:func:`keep_flow_matching`, :meth:`trainer.session.links.ShmTrainerLink.peek_trainer_method`). For
   anything but FlowMatching it pings (the engine's wait clock restarts), unmaps the control block (the
   engine created it: never unlinked), removes the status file it had started, and runs the engine's
   ``train.py`` with the same interpreter and the identical argv. The script needs its own Python, torch and
@@ -24,7 +28,7 @@ script (``la-trainer install-engine``, ``-LearningAgentsEnginePath``), its other
   engine's script (which cannot adopt our connection: it runs as our child on a loopback port, and we copy
   the bytes both ways); FlowMatching stays with la-trainer's link, which adopts the connection. Where that
   cannot happen (no engine script found, a scale-out job, ``la-trainer socket``) a config that is not
-  FlowMatching fails fast, naming the method and what to do (:func:`socket_refusal`).
+  FlowMatching fails fast, naming the method and what to do (:func:`trainer.session.run.socket_refusal`).
 
 Where the engine's ``train.py`` is: ``LA_TRAINER_ENGINE_TRAIN_PY`` (the install-engine shim sets it from
 its record), else beside the NNE plugin the engine names with ``--nne-cpu-path``
@@ -38,47 +42,43 @@ refused with exit code 7 instead of looping.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.errors import TrainerError, Unsupported
+from protocol.names import ENGINE_DEFAULT_MODULE, FLOW_MATCHING, FLOW_MATCHING_MODULE
+from trainer.errors import LaunchError, PeerGone, TrainerError, Unsupported
 from trainer.exitcodes import ExitCode
+from trainer.settings.environment import ENV_ENGINE_TRAIN_PY, ENV_HANDED_OVER
+from trainer.system.console import log, log_error
 
 if TYPE_CHECKING:
+    from protocol.argv import SocketArgs
     from trainer.dropin.relay import ConfigRead
+    from trainer.session.app import InterruptFlag
+    from trainer.session.links import TrainerLink
 
 __all__ = [
     "DROPIN_MARKER",
-    "ENGINE_DEFAULT_MODULE",
-    "ENV_ENGINE_TRAIN_PY",
-    "ENV_HANDED_OVER",
-    "FLOW_MATCHING",
-    "FLOW_MATCHING_MODULE",
     "HandOver",
+    "cannot_hand_over",
     "engine_train_py",
     "hand_over",
+    "hand_over_early",
     "is_la_trainer_script",
+    "keep_flow_matching",
+    "read_socket_config",
     "socket_hands_over",
-    "socket_refusal",
 ]
 
-FLOW_MATCHING = "FlowMatching"
-"""The one ``TrainerMethod`` la-trainer trains (also the engine's default when the key is absent)."""
-ENV_ENGINE_TRAIN_PY = "LA_TRAINER_ENGINE_TRAIN_PY"
-"""Explicit path of the engine's own ``train.py``."""
-ENV_HANDED_OVER = "LA_TRAINER_HANDED_OVER"
-"""Set in the environment of the engine's script: a la-trainer started with it refuses to hand over again."""
 DROPIN_MARKER = "la-trainer drop-in for the engine's train.py"
 """Text in every ``train.py`` la-trainer ships or writes (the packaged drop-in, ``scripts/train.py``, the
 install-engine shim): such a file is never taken for the engine's original."""
-ENGINE_DEFAULT_MODULE = "learning_core.train_behavior_cloning"
-"""``TrainerFileName``'s engine default (spec §1.6): what a flow-matching call site sends unless changed."""
-FLOW_MATCHING_MODULE = "learning_core.train_flow_matching"
-"""[INF] The flow-matching module name (spec Unknown 10); a user may set it on flow-matching call sites."""
 
 _NNE_SUFFIX = ("Plugins", "Experimental", "NNERuntimeBasicCpu", "Content", "Python")
 _ENGINE_SCRIPT = ("Plugins", "Experimental", "LearningCore", "Content", "Python", "train.py")
@@ -91,10 +91,7 @@ class HandOver(TrainerError):
     exit_code = ExitCode.UNSUPPORTED
 
     def __init__(self, method: str, target: Path, *, relay: ConfigRead | None = None) -> None:
-        super().__init__(
-            f"TrainerMethod is {method!r}: la-trainer trains only FlowMatching, so the run goes to the "
-            f"engine's own trainer {target}"
-        )
+        super().__init__(goes_to(f"TrainerMethod is {method!r}", target))
         self.method = method
         self.target = target
         self.relay = relay
@@ -152,21 +149,6 @@ def socket_hands_over(trainer_module: str | None) -> bool:
     return module not in ("", ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE)
 
 
-def socket_refusal(method: str) -> Unsupported:
-    """The error for a socket run whose config is not FlowMatching and that la-trainer could not relay to
-    the engine's own script: what happened and what to do."""
-    return Unsupported(
-        f"TrainerMethod is {method!r}, but la-trainer trains only FlowMatching, and this socket session could "
-        "not be relayed to the engine's own train.py (it was not found, or the run is a scale-out job "
-        f"under LA_TRAINER_NPROC_PER_NODE, or a `la-trainer socket` server). Set {ENV_ENGINE_TRAIN_PY} to the "
-        "engine's Plugins/Experimental/LearningCore/Content/Python/train.py, or give that call site a "
-        f"TrainerFileName other than {ENGINE_DEFAULT_MODULE} and {FLOW_MATCHING_MODULE} (e.g. "
-        "learning_core.train_ppo; la-trainer then hands it over before listening, also under scale-out), or "
-        "run the engine's trainer for it (set its process settings' EditorEngineRelativePath/"
-        "NonEditorEngineRelativePath back to the engine). See docs/unreal-install.md, 'Other trainers'."
-    )
-
-
 def _handover_pinger(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
     """The hand-over pinger for a spawned shared-memory ``argv`` (None otherwise, or when it cannot run)."""
     try:
@@ -203,3 +185,93 @@ def hand_over(target: Path, argv: Sequence[str], *, platform: str | None = None)
     # when this process (then the script) is gone.
     os.execve(sys.executable, command, env)
     raise AssertionError("os.execve returned")  # pragma: no cover
+
+
+def goes_to(why: str, target: Path) -> str:
+    """The sentence that announces a hand-over: ``why`` the run is not ours, and where it goes."""
+    return f"{why}: la-trainer trains only FlowMatching, so the run goes to the engine's own trainer {target}"
+
+
+def cannot_hand_over(why: str, no_target: str) -> str:
+    """The sentence for a run that is not ours with no engine script to hand it to (exit code 7): ``why``,
+    ``no_target`` (why no script was found, :func:`engine_train_py`) and the fix."""
+    return (
+        f"{why}: la-trainer trains only FlowMatching and cannot hand this run to the engine's own train.py "
+        f"({no_target}). Set {ENV_ENGINE_TRAIN_PY} to the engine's Plugins/Experimental/LearningCore/Content/"
+        "Python/train.py (docs/unreal-install.md, 'Other trainers')."
+    )
+
+
+def hand_over_early(nne_cpu_path: str | None, argv: Sequence[str], why: str) -> int:
+    """The drop-in's hand-over, decided before the trainer proper runs (a half install, scale-out): the run
+    goes to the engine's own ``train.py`` (:func:`hand_over`), or exit 7 with the reason when there is
+    none to hand it to."""
+    target, no_target = engine_train_py(nne_cpu_path, sys.argv[0])
+    if target is None:
+        log_error(f"la-trainer: {cannot_hand_over(why, no_target)}", ascii_only=True)
+        return int(ExitCode.UNSUPPORTED)
+    log(f"la-trainer: {goes_to(why, target)}", ascii_only=True)
+    return hand_over(target, list(argv))
+
+
+def read_socket_config(
+    mode: SocketArgs, task_dir: Path | None, target: Path, flag: InterruptFlag
+) -> tuple[socket.socket, bytes]:
+    """Socket: accept the game's connection and read its config (before torch is imported), recording
+    "waiting for config" meanwhile; FlowMatching gives the connection and the bytes read to the link,
+    anything else raises :class:`HandOver` carrying the session to relay (:mod:`trainer.dropin.relay`)."""
+    from trainer.dropin.relay import GameGone, listen_error_message, read_game_config
+    from trainer.records.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase
+    from trainer.system.liveness import parent_watch
+
+    status_path = task_dir / STATUS_FILE_NAME if task_dir is not None else None
+    try:
+        with ProgressReporter(0, status_path=status_path) as reporter:
+            reporter.phase(RunPhase.WAITING_FOR_CONFIG)
+            read = read_game_config(
+                mode.host, mode.port, engine_alive=parent_watch(), interrupted=flag.is_set
+            )
+    except GameGone as gone:
+        raise PeerGone(str(gone)) from None
+    except OSError as error:
+        raise LaunchError(listen_error_message(mode.host, mode.port, error)) from None
+    if read.method is None or read.method == FLOW_MATCHING:
+        return read.connection, read.received
+    _forget_status(status_path)
+    raise HandOver(read.method, target, relay=read)
+
+
+def keep_flow_matching(link: TrainerLink, task_dir: Path | None, target: Path | None, no_target: str) -> None:
+    """Spawned shared memory: wait for the config and read its TrainerMethod without acknowledging it
+    (before torch is imported); anything but FlowMatching raises :class:`HandOver` (or, with no engine
+    script to hand over to, :class:`Unsupported`) after closing the link. Closes the link on any error."""
+    from trainer.records.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase
+    from trainer.session.links import ShmTrainerLink
+
+    if not isinstance(link, ShmTrainerLink):
+        return
+    status_path = task_dir / STATUS_FILE_NAME if task_dir is not None else None
+    try:
+        # What run_training records first, from the start of the wait (la-trainer watch, the heartbeat).
+        with ProgressReporter(0, status_path=status_path) as reporter:
+            reporter.phase(RunPhase.WAITING_FOR_CONFIG)
+            method = link.peek_trainer_method()
+        if method == FLOW_MATCHING:
+            return
+        if target is None:
+            raise Unsupported(cannot_hand_over(f"TrainerMethod is {method!r}", no_target))
+        link.ping()  # the engine's wait clock restarts: the engine's script starts from a fresh timeout
+    except BaseException:
+        link.close()
+        raise
+    link.close()  # unmap only: the engine created the control block
+    _forget_status(status_path)
+    raise HandOver(method, target)
+
+
+def _forget_status(status_path: Path | None) -> None:
+    """The status said "waiting for config" for a run that is now the engine's script's: left behind,
+    la-trainer watch would follow a run that never trains here (and call it stale, then dead)."""
+    if status_path is not None:
+        with contextlib.suppress(OSError):
+            status_path.unlink()

@@ -33,6 +33,7 @@ from typing import TextIO
 import msgpack
 
 from trainer.system.atomic import atomic_write
+from trainer.system.console import log, overwrite
 
 __all__ = [
     "HEARTBEAT_S",
@@ -41,7 +42,6 @@ __all__ = [
     "RunPhase",
     "Status",
     "format_duration",
-    "log",
     "read_status",
     "write_status",
 ]
@@ -50,13 +50,6 @@ STATUS_FILE_NAME = "la-trainer-status.msgpack"
 
 HEARTBEAT_S = 10.0
 """How often a live trainer rewrites its status file when nothing else does (waits, slow sync rounds)."""
-
-
-def log(message: str, stream: TextIO | None = None) -> None:
-    """One flushed line (the engine reads our stdout line by line)."""
-    out = stream if stream is not None else sys.stdout
-    out.write(message.rstrip("\n") + "\n")
-    out.flush()
 
 
 class RunPhase(str, Enum):
@@ -284,13 +277,11 @@ class ProgressReporter:
             width = 30
             filled = min(width, int(width * iteration / self.total)) if self.total else width
             bar = "#" * filled + "-" * (width - filled)
-            self.stream.write(
+            line = (
                 f"\r{self.label} [{bar}] {iteration}/{self.total} loss {loss:.4f} "
                 f"{self._rate:,.0f} it/s eta {format_duration(remaining)}   "
             )
-            if iteration >= self.total:
-                self.stream.write("\n")
-            self.stream.flush()
+            overwrite(line + "\n" if iteration >= self.total else line, self.stream)
         else:
             note = f" | {self.note}" if self.note else ""
             log(

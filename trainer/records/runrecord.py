@@ -49,14 +49,15 @@ import re
 import socket
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from protocol.config import TrainerConfig
+from protocol.names import FLOW_MATCHING, CommType
 from trainer.errors import LaunchError
-from trainer.settings.options import TrainerOptions
+from trainer.settings.options import TrainerOptions, options_json
 from trainer.system.atomic import atomic_write
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ def free_run_name(name: str, task_dir: Path | None, tensorboard_runs: Path | Non
 
 def run_name(task_name: str, trainer_method: str, comm_type: str, time_stamp: str) -> str:
     """``<TaskName>_<TrainerMethod>_<CommType>_<TimeStamp>`` (spec §7.2), safe as one path component."""
-    parts = [task_name or "Training", trainer_method or "FlowMatching", comm_type or "Unknown"]
+    parts = [task_name or "Training", trainer_method or FLOW_MATCHING, str(comm_type or CommType.UNKNOWN)]
     if time_stamp:
         parts.append(time_stamp)
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts))
@@ -302,8 +303,7 @@ class RunRecord:
             },
             warn,
         )
-        options_json = {f.name: getattr(options, f.name) for f in fields(options)}
-        record._write(OPTIONS_FILE, json.dumps(options_json, indent=2) + "\n")
+        record._write(OPTIONS_FILE, json.dumps(options_json(options), indent=2) + "\n")
         record._write(ENGINE_CONFIG_FILE, json.dumps(engine_config, indent=2) + "\n")
         record._write(RUN_FILE, json.dumps(record._info, indent=2) + "\n")
         return record
@@ -455,8 +455,8 @@ class RunLog:
         info: Mapping[str, object],
         first_iteration: int,
     ) -> None:
-        from trainer.records.progress import log
         from trainer.records.trackers import Trackers, tensorboard_runs
+        from trainer.system.console import log
 
         # One name for the record, the TensorBoard folder and the MLflow run: the engine's, unless an
         # earlier run of the project took it (free_run_name); then the record folder's, as made.

@@ -36,8 +36,8 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from protocol.config import TrainerConfig
-from trainer.records.progress import log
 from trainer.settings.options import TrainerOptions
+from trainer.system.console import log
 
 __all__ = ["TRACK_EVERY", "Trackers", "tensorboard_runs"]
 

@@ -20,29 +20,34 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from protocol.config import data_config_to_json, trainer_config_to_json
+from protocol.config import SessionConfig, data_config_to_json, trainer_config_to_json
 from protocol.engine.configs import format_time_stamp
 from protocol.errors import ProtocolError
+from protocol.names import ENGINE_DEFAULT_MODULE, FLOW_MATCHING, FLOW_MATCHING_MODULE, CommType, NetworkId
 from protocol.nne.layers import Layer
+from protocol.replay import ReplayBuffer
 from protocol.snapshot import Snapshot, read_snapshot, snapshot_with_model, write_snapshot
 from trainer import __version__
-from trainer.dropin.handover import FLOW_MATCHING, socket_refusal
-from trainer.errors import BadData, Diverged, LaunchError, PeerGone, Unsupported, WaitTimeout
+from trainer.errors import BadData, Diverged, PeerGone, Unsupported, WaitTimeout
 from trainer.exitcodes import ExitCode
-from trainer.records.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase, log
+from trainer.records.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase
 from trainer.records.runrecord import RunLog, run_name, task_name_of
 from trainer.records.trackers import TRACK_EVERY
+from trainer.session.heldout import HeldOutRound
 from trainer.session.snapshots import SnapshotWriter
 from trainer.session.transport.wait import StopRequested
+from trainer.settings.environment import ENV_ENGINE_TRAIN_PY, ENV_NPROC
 from trainer.settings.options import TrainerOptions
 from trainer.settings.timeouts import Timeouts
-from trainer.training.heldout import HeldOutRound
+from trainer.system.console import log
+from trainer.training.device import choose_device
 from trainer.training.threads import (
     ThreadChoice,
     ThreadPolicy,
     ThreadTuner,
     Why,
     candidate_threads,
+    choose_threads,
     usable_cores,
 )
 
@@ -51,20 +56,14 @@ if TYPE_CHECKING:
     from trainer.training.job import TrainingJob
 
 __all__ = [
-    "NETWORK_IDS",
-    "THREADS_WORK_THRESHOLD",
     "LoopEnd",
     "SyncRounds",
-    "choose_device",
-    "choose_threads",
     "encode_networks",
     "run_training",
+    "socket_refusal",
     "thread_tuner",
 ]
 
-NETWORK_IDS = (0, 1, 2)
-"""Denoiser, encoder, decoder: the engine's AddNetwork order (spec §4.3)."""
-NETWORK_ROLES = {0: "denoiser", 1: "encoder", 2: "decoder"}
 SUPPORTED_METHODS = (FLOW_MATCHING,)
 DEFAULT_TIMEOUTS = Timeouts()
 """The documented defaults, for callers without a run's own :class:`Timeouts` (tests, tools)."""
@@ -74,74 +73,19 @@ class InterruptLike(Protocol):
     def is_set(self) -> bool: ...
 
 
-def choose_device(config_device: str, override: str) -> torch.device:
-    """``"GPU"`` (the engine's Device, and the ``gpu`` option) uses CUDA when present and falls back to
-    CPU with one warning line (spec §4.1). An explicit ``cuda`` or ``cuda:N`` option (``--device``,
-    ``LA_TRAINER_DEVICE``, la-trainer.json) names one device: when it is not there the run is refused
-    (:class:`LaunchError`, exit 2) instead of training, much slower, on the CPU with exit 0.
-
-    Raises:
-        LaunchError: an explicit CUDA device that this machine does not have.
-    """
-    wanted = (override or config_device or "GPU").strip()
-    lowered = wanted.lower()
-    explicit = override.strip().lower()
-    if explicit == "cuda" or explicit.startswith("cuda:"):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = int(explicit.partition(":")[2] or 0)
-        if index >= count:
-            why = (
-                f"this machine has only cuda:0 to cuda:{count - 1}"
-                if count
-                else f"CUDA is not available here: {_no_cuda_reason()}"
-            )
-            raise LaunchError(
-                f"the device option is {override.strip()!r}, but {why}. Use --device gpu "
-                "(CUDA when present, else the CPU) or cpu, or another cuda:N (LA_TRAINER_DEVICE and "
-                '"device" in la-trainer.json set it too); la-trainer doctor lists the devices.'
-            )
-    if lowered in ("gpu", "cuda") or lowered.startswith("cuda:"):
-        if torch.cuda.is_available():
-            return torch.device("cuda" if lowered in ("gpu", "cuda") else lowered)
-        log(
-            f"warning: Device is {wanted!r} but CUDA is not available here: {_no_cuda_reason()}. "
-            "Training on the CPU."
-        )
-        return torch.device("cpu")
-    if lowered == "cpu":
-        return torch.device("cpu")
-    raise Unsupported(f'Device {wanted!r} is not supported: use "GPU" or "CPU" (or --device cuda:N).')
-
-
-def _no_cuda_reason() -> str:
-    """Why torch sees no CUDA device, and the fix."""
-    if torch.version.cuda is None:
-        # The usual cause on a new machine: pip picked a CPU-only torch (PyPI's on Windows, or a
-        # CPU wheel index). Say so, and how to get a CUDA build.
-        from trainer.commands.doctor import CUDA_HINT
-
-        return f"this torch ({torch.__version__}) is a CPU-only build; {CUDA_HINT}"
-    return f"no CUDA device is visible to torch {torch.__version__} (driver? container --gpus?)"
-
-
-THREADS_WORK_THRESHOLD = 16_000_000
-"""Multiply-adds per forward pass (batch × denoiser parameters) from which a step uses several threads.
-
-Measured with ``la-trainer bench --sections train`` (2 cores, two idle runs, 1 thread vs 2): the default
-network (batch 256 × 23k parameters ≈ 6 M) runs faster on one (1,402 vs 1,364 and 1,338 vs 1,262 it/s);
-the chunk-8 2×512 one (≈ 21 M) as fast or faster on two (639 vs 633, 641 vs 798); the 3-layer 256-wide
-one at batch 1024 (≈ 80 M) much faster on two (168 vs 256, 177 vs 287)."""
-
-
-def choose_threads(options: TrainerOptions, work: int) -> int:
-    """The run's first intra-op CPU thread count: the ``threads`` option, else one for small networks
-    (intra-op threading costs more than it saves there) and up to 8 from :data:`THREADS_WORK_THRESHOLD`
-    on. Where nothing fixes the count, a CPU run then measures it (:mod:`trainer.training.threads`); this is the
-    count it measures first. ``work``: batch size × the denoiser's parameter count (the multiply-adds of
-    one forward pass)."""
-    if options.threads > 0:
-        return options.threads
-    return 1 if work < THREADS_WORK_THRESHOLD else candidate_threads(usable_cores())[-1]
+def socket_refusal(method: str) -> Unsupported:
+    """The error for a socket run whose config is not FlowMatching and that la-trainer could not relay to
+    the engine's own script (:mod:`trainer.dropin.handover`): what happened and what to do."""
+    return Unsupported(
+        f"TrainerMethod is {method!r}, but la-trainer trains only FlowMatching, and this socket session could "
+        "not be relayed to the engine's own train.py (it was not found, or the run is a scale-out job "
+        f"under {ENV_NPROC}, or a `la-trainer socket` server). Set {ENV_ENGINE_TRAIN_PY} to the "
+        "engine's Plugins/Experimental/LearningCore/Content/Python/train.py, or give that call site a "
+        f"TrainerFileName other than {ENGINE_DEFAULT_MODULE} and {FLOW_MATCHING_MODULE} (e.g. "
+        "learning_core.train_ppo; la-trainer then hands it over before listening, also under scale-out), or "
+        "run the engine's trainer for it (set its process settings' EditorEngineRelativePath/"
+        "NonEditorEngineRelativePath back to the engine). See docs/unreal-install.md, 'Other trainers'."
+    )
 
 
 def thread_tuner(
@@ -171,7 +115,7 @@ def encode_networks(received: Mapping[int, Snapshot], layers: Mapping[int, Layer
     """Networks 0, 1, 2 as snapshot bytes: each trained layer tree in its received snapshot's header
     (same size, spec §6.1). For a sync round and for the snapshot files alike."""
     blobs = {}
-    for nid in NETWORK_IDS:
+    for nid in map(int, NetworkId):
         blobs[nid] = write_snapshot(snapshot_with_model(received[nid], layers[nid]))
         # read_snapshot checked that the received bytes were exactly this long, so the header's size is
         # the received size: no need to re-encode the received snapshot every round.
@@ -191,7 +135,7 @@ class SyncRounds:
 
     def send(self, blobs: Mapping[int, bytes]) -> None:
         self.version += 1
-        for nid in NETWORK_IDS:
+        for nid in map(int, NetworkId):
             try:
                 self.link.send_network(nid, blobs[nid], self.version)
             except (PeerGone, WaitTimeout) as error:
@@ -287,6 +231,29 @@ def _phase_key(job: TrainingJob) -> str:
     return job.phase.name.lower() if job.phase is not None else "flow_matching"
 
 
+@dataclass
+class _Run:
+    """What the story's sections after the job is built share (sections 5 and 6)."""
+
+    link: TrainerLink
+    reporter: ProgressReporter
+    runlog: RunLog
+    options: TrainerOptions
+    config: SessionConfig
+    received: dict[int, Snapshot]
+    job: TrainingJob
+    device: torch.device
+    tuner: ThreadTuner
+    sync: SyncRounds
+    writer: SnapshotWriter | None
+    heldout: HeldOutRound
+
+    @property
+    def offline(self) -> bool:
+        """The engine's export (no game: no waiting for it, no sync rounds to speak of)."""
+        return self.link.comm_type == CommType.FILES
+
+
 def _story(
     link: TrainerLink,
     reporter: ProgressReporter,
@@ -299,13 +266,29 @@ def _story(
     timeouts: Timeouts,
 ) -> ExitCode:
     from trainer.session.links import KeepAlive
-    from trainer.training.job import TrainingJob
-
-    # Offline (the engine's export) there is no game: no waiting for it, no sync rounds to speak of.
-    offline = link.comm_type == "Files"
 
     # 1. Config (spec §2.4 / §3): everything else is sized from it.
-    if offline:
+    config = _receive_config(link, reporter)
+    # 2. The three initial networks, in the engine's order (spec §2.4, §7.1).
+    received = _receive_networks(link, reporter, config)
+    # 3. The replay buffer, sent once (spec §5.3); checked where it becomes training data (step 4).
+    reporter.phase(RunPhase.RECEIVING_EXPERIENCE)
+    replay = link.receive_experience()
+    # 4. Build the job while pinging: the engine may be waiting on us (spec §2.4).
+    with KeepAlive(link, timeouts.ping_interval):
+        job, device, tuner = _build_job(
+            config, received, replay, options, task_dir, prepare_job, reporter=reporter, runlog=runlog
+        )
+    run = _start_training(link, reporter, runlog, options, task_dir, config, received, job, device, tuner)
+    # 5. Train: step, report, sync, snapshot; stop when asked.
+    end, iteration = _train(run, interrupt)
+    # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
+    return _finish(run, end, iteration, timeouts)
+
+
+def _receive_config(link: TrainerLink, reporter: ProgressReporter) -> SessionConfig:
+    """Section 1: the engine's config, refused when its method is not one la-trainer trains."""
+    if link.comm_type == CommType.FILES:
         reporter.phase(RunPhase.READING_EXPORT, "la-trainer: reading the exported training materials ...")
     else:
         reporter.phase(RunPhase.WAITING_FOR_CONFIG, "la-trainer: waiting for the game's config ...")
@@ -314,7 +297,7 @@ def _story(
         log(f"warning: config: {warning}")
     method = config.trainer.trainer_method
     if method not in SUPPORTED_METHODS:
-        if link.comm_type == "Socket":
+        if link.comm_type == CommType.SOCKET:
             raise socket_refusal(
                 method
             )  # the game is connected to us: no hand-over (trainer.dropin.handover)
@@ -323,66 +306,94 @@ def _story(
             "Engine-spawned shared-memory runs of other methods go to the engine's own train.py "
             "(docs/unreal-install.md, 'Other trainers'); run this one with the engine's trainer."
         )
+    return config
 
-    # 2. The three initial networks, in the engine's order (spec §2.4, §7.1).
+
+def _receive_networks(
+    link: TrainerLink, reporter: ProgressReporter, config: SessionConfig
+) -> dict[int, Snapshot]:
+    """Section 2: networks 0, 1, 2 as snapshots, each exactly its config's MaxByteNum long."""
     reporter.phase(RunPhase.RECEIVING_NETWORKS)
     received: dict[int, Snapshot] = {}
-    for nid in NETWORK_IDS:
+    for network in NetworkId:
+        nid = int(network)
         blob = link.receive_network(nid)
         expected = config.network(nid).max_byte_num
         if len(blob) != expected:
             raise BadData(
-                f"network {nid} ({NETWORK_ROLES[nid]}) has {len(blob)} bytes but the model config's MaxByteNum "
-                f"is {expected}"
+                f"{network.describe()} has {len(blob)} bytes but the model config's MaxByteNum is {expected}"
             )
         try:
             received[nid] = read_snapshot(blob)
         except ProtocolError as error:
-            raise BadData(
-                f"network {nid} ({NETWORK_ROLES[nid]}) from the game is not a valid snapshot: {error}"
-            ) from error
+            raise BadData(f"{network.describe()} from the game is not a valid snapshot: {error}") from error
+    return received
 
-    # 3. The replay buffer, sent once (spec §5.3); checked where it becomes training data (step 4).
-    reporter.phase(RunPhase.RECEIVING_EXPERIENCE)
-    replay = link.receive_experience()
 
-    # 4. Build the job while pinging: the engine may be waiting on us (spec §2.4).
-    with KeepAlive(link, timeouts.ping_interval):
-        device = choose_device(config.trainer.device, options.device)
-        settings = config.model.flow_matching
-        batch = config.trainer.training.batch_size
-        # Checkpoints live beside the snapshots (<task_dir>/Snapshots) whether or not the config saves
-        # snapshots: a crash must not lose hours of training (trainer.training.checkpoint).
-        checkpoint_dir = task_dir / "Snapshots" if task_dir is not None else None
-        job = TrainingJob.create(
-            config, received, replay, options=options, device=device, checkpoint_dir=checkpoint_dir
-        )
-        # Threads from the denoiser's size, set before prepare_job: scale-out divides them among the
-        # ranks of a node (trainer.distributed caps each rank's share), so it must see our choice.
-        params = sum(p.numel() for p in job.model.denoiser.parameters())
-        threads = choose_threads(options, batch * params)
-        if device.type == "cpu":
-            torch.set_num_threads(threads)
-        if prepare_job is not None:
-            job = prepare_job(job)
-        tuner = thread_tuner(
-            options, device, threads, scale_out=prepare_job is not None, reporter=reporter, runlog=runlog
-        )
-        shown = torch.get_num_threads() if device.type == "cpu" else threads
-        _banner(device, f"measured, from {shown}" if tuner.measuring else str(shown))
+def _build_job(
+    config: SessionConfig,
+    received: dict[int, Snapshot],
+    replay: ReplayBuffer,
+    options: TrainerOptions,
+    task_dir: Path | None,
+    prepare_job: Callable[[TrainingJob], TrainingJob] | None,
+    *,
+    reporter: ProgressReporter,
+    runlog: RunLog,
+) -> tuple[TrainingJob, torch.device, ThreadTuner]:
+    """Section 4: the device, the job (resumed from a checkpoint when asked), the CPU threads it runs
+    with, and the banner that says all three."""
+    from trainer.training.job import TrainingJob
+
+    device = choose_device(config.trainer.device, options.device)
+    # Checkpoints live beside the snapshots (<task_dir>/Snapshots) whether or not the config saves
+    # snapshots: a crash must not lose hours of training (trainer.training.checkpoint).
+    checkpoint_dir = task_dir / "Snapshots" if task_dir is not None else None
+    job = TrainingJob.create(
+        config, received, replay, options=options, device=device, checkpoint_dir=checkpoint_dir
+    )
+    # Threads from the denoiser's size, set before prepare_job: scale-out divides them among the
+    # ranks of a node (trainer.distributed caps each rank's share), so it must see our choice.
+    params = sum(p.numel() for p in job.model.denoiser.parameters())
+    threads = choose_threads(options.threads, config.trainer.training.batch_size * params)
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+    if prepare_job is not None:
+        job = prepare_job(job)
+    tuner = thread_tuner(
+        options, device, threads, scale_out=prepare_job is not None, reporter=reporter, runlog=runlog
+    )
+    shown = torch.get_num_threads() if device.type == "cpu" else threads
+    _banner(device, f"measured, from {shown}" if tuner.measuring else str(shown))
+    return job, device, tuner
+
+
+def _start_training(
+    link: TrainerLink,
+    reporter: ProgressReporter,
+    runlog: RunLog,
+    options: TrainerOptions,
+    task_dir: Path | None,
+    config: SessionConfig,
+    received: dict[int, Snapshot],
+    job: TrainingJob,
+    device: torch.device,
+    tuner: ThreadTuner,
+) -> _Run:
+    """Between sections 4 and 5: training begins (status, one log line), and the run's snapshot writer,
+    record and trackers open under the engine's run name (spec §7.2; trainer.records.runrecord)."""
     total = job.total_iterations
     reporter.start(total, job.start_iteration)
     reporter.phase(RunPhase.TRAINING)  # before the first progress line: a failure now is a training failure
     log(
         f"la-trainer: training {total} iterations on {job.sample_num} samples "
-        f"(observation {job.observation_dim}, action {job.action_dim}, chunk {settings.action_chunk_size})"
+        f"(observation {job.observation_dim}, action {job.action_dim}, "
+        f"chunk {config.model.flow_matching.action_chunk_size})"
     )
-
     sync = SyncRounds(link)
     writer = (
         SnapshotWriter.for_run(task_dir, config, options) if config.trainer.training.save_snapshots else None
     )
-    # The run's record and trackers, under the engine's run name (spec §7.2; trainer.records.runrecord).
     stamp = config.trainer.time_stamp or format_time_stamp(datetime.now())
     runlog.open(
         task_dir=task_dir,
@@ -406,12 +417,18 @@ def _story(
     )
     if runlog.folder is not None:
         reporter.run_dir(runlog.folder)
-    every_iterations = options.sync_every_iterations
-    every_seconds = options.sync_every_seconds
-    snapshot_every = config.trainer.training.iterations_per_snapshot
     heldout = HeldOutRound(job, runlog, reporter)
+    return _Run(link, reporter, runlog, options, config, received, job, device, tuner, sync, writer, heldout)
 
-    # 5. Train: step, report, sync, snapshot; stop when asked.
+
+def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
+    """Section 5: step, report, sync, snapshot until every iteration ran or something ends the loop; why it
+    ended and the iterations done."""
+    job, link, reporter, runlog, sync = run.job, run.link, run.reporter, run.runlog, run.sync
+    total = job.total_iterations
+    every_iterations = run.options.sync_every_iterations
+    every_seconds = run.options.sync_every_seconds
+    snapshot_every = run.config.trainer.training.iterations_per_snapshot
     end = LoopEnd.DONE
     last_sync = time.monotonic()
     iteration = job.start_iteration
@@ -426,22 +443,22 @@ def _story(
             started = time.perf_counter()
             loss = job.step(iteration)
             iteration += 1
-            tuner.after_step(time.perf_counter() - started, iteration)
+            run.tuner.after_step(time.perf_counter() - started, iteration)
             reporter.update(iteration, loss)
             if iteration % TRACK_EVERY == 0:
                 runlog.point(iteration, _phase_key(job), loss, _learning_rate(job), sync.rounds)
-            if heldout.due(iteration):
-                heldout.measure(iteration)
+            if run.heldout.due(iteration):
+                run.heldout.measure(iteration)
             now = time.monotonic()
             due = (every_iterations > 0 and iteration % every_iterations == 0) or (
                 every_seconds > 0 and now - last_sync >= every_seconds
             )
             if due and iteration < total:
-                sync.send(encode_networks(received, job.export()))
+                sync.send(encode_networks(run.received, job.export()))
                 reporter.syncs = sync.rounds
                 last_sync = now
-            if writer is not None and snapshot_every > 0 and iteration % snapshot_every == 0:
-                writer.write(iteration, encode_networks(received, job.export()))
+            if run.writer is not None and snapshot_every > 0 and iteration % snapshot_every == 0:
+                run.writer.write(iteration, encode_networks(run.received, job.export()))
             job.maybe_checkpoint(iteration)
     except Diverged as error:
         log(f"la-trainer: {error}. Sending the last good weights.")
@@ -459,46 +476,53 @@ def _story(
     finally:
         if iteration % TRACK_EVERY and iteration > job.start_iteration:
             runlog.point(iteration, _phase_key(job), job.smoothed_loss, _learning_rate(job), sync.rounds)
+    return end, iteration
 
-    # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
-    heldout.at_end(iteration, diverged=end is LoopEnd.DIVERGED)
+
+def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> ExitCode:
+    """Section 6: the final networks (the held-out best with ``heldout_send_best``), their snapshot and
+    checkpoint, then, unless the game asked to stop, the last sync round and Complete (spec §7.2 step 5)
+    and the wait for the engine to take them."""
+    job, reporter, writer = run.job, run.reporter, run.writer
+    run.heldout.at_end(iteration, diverged=end is LoopEnd.DIVERGED)
     reporter.update(iteration, job.smoothed_loss, force=True)
     reporter.phase(RunPhase.FINISHING)
-    final = encode_networks(received, heldout.final_networks(job.export()))
-    kept = runlog.networks(final)
-    heldout.keep_best(lambda layers: encode_networks(received, layers))
+    final = encode_networks(run.received, run.heldout.final_networks(job.export()))
+    kept = run.runlog.networks(final)
+    run.heldout.keep_best(lambda layers: encode_networks(run.received, layers))
     if end is LoopEnd.STOPPED:
         # Spec §2.4: after a Stop the engine tears its side down at once; exit cleanly without sending.
         if writer is not None:
             writer.write(iteration, final)
         job.maybe_checkpoint(iteration, force=True)
-        runlog.finish(
-            phase=end.phase.value,
-            exit_code=end.exit_code,
-            iteration=iteration,
-            loss=job.smoothed_loss,
-            outputs=kept,
-        )
+        _record_end(run, end, iteration, kept)
         reporter.finish(
             end.phase, end.exit_code, f"la-trainer: stopped at iteration {iteration}: {end.value}."
         )
         return end.exit_code
-    with KeepAlive(link, timeouts.ping_interval):
+    from trainer.session.links import KeepAlive
+
+    with KeepAlive(run.link, timeouts.ping_interval):
         if writer is not None:
             writer.write(iteration, final)
         job.maybe_checkpoint(iteration, force=True)
-    sync.send(final)
-    link.send_complete()
-    reporter.syncs = sync.rounds
-    runlog.finish(
+    run.sync.send(final)
+    run.link.send_complete()
+    reporter.syncs = run.sync.rounds
+    _record_end(run, end, iteration, kept)
+    rounds = "" if run.offline else f", {run.sync.rounds} sync rounds"
+    ending = "done" if end is LoopEnd.DONE else f"{end.value} (exit code {int(end.exit_code)})"
+    reporter.finish(end.phase, end.exit_code, f"la-trainer: {ending} after {iteration} iterations{rounds}.")
+    run.link.finish(timeouts.wait)  # offline: names the network files it wrote
+    return end.exit_code
+
+
+def _record_end(run: _Run, end: LoopEnd, iteration: int, kept: list[Path]) -> None:
+    """The run record's last word: the final phase, exit code, iteration, loss and the networks kept."""
+    run.runlog.finish(
         phase=end.phase.value,
         exit_code=end.exit_code,
         iteration=iteration,
-        loss=job.smoothed_loss,
+        loss=run.job.smoothed_loss,
         outputs=kept,
     )
-    rounds = "" if offline else f", {sync.rounds} sync rounds"
-    ending = "done" if end is LoopEnd.DONE else f"{end.value} (exit code {int(end.exit_code)})"
-    reporter.finish(end.phase, end.exit_code, f"la-trainer: {ending} after {iteration} iterations{rounds}.")
-    link.finish(timeouts.wait)  # offline: names the network files it wrote
-    return end.exit_code

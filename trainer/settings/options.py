@@ -29,58 +29,37 @@ import json
 import math
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from trainer.errors import LaunchError
+from trainer.settings.environment import ENV_PREFIX, NOT_OPTIONS
+from trainer.settings.time_density import TimeDensity
 from trainer.settings.timeouts import DEFAULT_WAIT_S
+from trainer.system.console import warn as console_warn
 
 __all__ = [
     "ALIASES",
-    "ENV_PREFIX",
-    "OTHER_ENVIRONMENT_NAMES",
     "SETTINGS_FILE_NAME",
     "OptionError",
     "TrainerOptions",
     "check_command_value",
     "cli_flag",
     "env_name",
+    "experimental_options",
     "load_options",
     "option_names",
+    "options_json",
     "parse_option",
     "unknown_environment_names",
 ]
 
 SETTINGS_FILE_NAME = "la-trainer.json"
-ENV_PREFIX = "LA_TRAINER_"
-
 ALIASES: dict[str, str] = {"iterations": "iteration_num"}
 """Documented second spellings (the command line's ``--iterations``), accepted as settings-file keys and as
 ``LA_TRAINER_<ALIAS>``. Giving both spellings in one place is refused (which one was meant?)."""
-
-OTHER_ENVIRONMENT_NAMES: dict[str, str] = {
-    "LA_TRAINER_TIMEOUT_SCALE": "trainer/settings/timeouts.py: multiplies every bounded wait",
-    "LA_TRAINER_NPROC_PER_NODE": "trainer/distributed: re-run the engine-spawned trainer under torchrun",
-    "LA_TRAINER_TORCHRUN_ARGS": "trainer/distributed: extra torchrun arguments",
-    "LA_TRAINER_DIST_BACKEND": "trainer/distributed: torch.distributed backend",
-    "LA_TRAINER_DIST_TIMEOUT_SECONDS": "trainer/distributed: collective timeout",
-    "LA_TRAINER_DIST_AGREE_EVERY": "trainer/distributed: weight-agreement check cadence",
-    "LA_TRAINER_DIST_STALL_SECONDS": "trainer/distributed: watchdog",
-    "LA_TRAINER_ENGINE_PID": "trainer/distributed: the engine's pid, passed to the ranks",
-    "LA_TRAINER_ENGINE_TRAIN_PY": "the engine's own train.py for hand-over (docs/unreal-install.md)",
-    "LA_TRAINER_HANDED_OVER": "set by the hand-over to the engine's own train.py",
-    "LA_TRAINER_EXIT_DIR": "trainer/dropin/torchrun.py: where each rank records its exit code for the launcher",
-    "LA_TRAINER_VENV": "scripts/setup_env.sh: where the virtual environment goes",
-    "LA_TRAINER_TORCH": "scripts/setup_env.sh: the torch build to install first (cpu, cu126, ...)",
-    "LA_TRAINER_ENGINE_VENV": "scripts/test_engine_torch.sh: where the engine-torch environment goes",
-    "LA_TRAINER_FUZZ_EXAMPLES": "tests/faults/test_fuzz.py: examples per decoder",
-}
-"""``LA_TRAINER_*`` variables that are not options but are read elsewhere (so they draw no warning). A test
-checks that every ``LA_TRAINER_`` name in the source, the scripts and the documentation is an option, an
-alias or listed here: one set in the shell for ``scripts/setup_env.sh`` is still set when la-trainer runs."""
 
 
 class OptionError(LaunchError):
@@ -106,6 +85,9 @@ class _Domain:
     check: Callable[[Any], bool] | None = None
     normalize: Callable[[str], str] | None = None
     """Applied to string values before the check (e.g. lower-casing choices)."""
+    experimental: bool = False
+    """A research knob: off (or neutral) by default, measured only on the benchmark tasks, and free to
+    change or go in a later version (README, "Trainer options"; ``--help``)."""
 
 
 def _option(default: Any, expected: str, check: Callable[[Any], bool] | None = None, **kw: Any) -> Any:
@@ -121,30 +103,6 @@ def _between(low: float, high: float) -> Callable[[Any], bool]:
 
 
 _DEVICE = re.compile(r"^(|cpu|gpu|cuda|cuda:\d+)$", re.IGNORECASE)
-
-_TIME_KINDS = {"uniform": (0,), "beta": (2,), "logit_normal": (0, 2), "power": (1,)}
-"""Kinds and parameter counts of ``--time-distribution``: the text grammar of
-:meth:`trainer.training.flow.TimeDistribution.parse` (which imports torch, too slow to load for a parse-time
-check). ``tests/trainer/test_options_validation.py`` checks that both accept the same strings."""
-
-
-def _time_distribution_ok(text: str) -> bool:
-    kind, _, rest = text.strip().partition(":")
-    if kind not in _TIME_KINDS:
-        return False
-    try:
-        values = [float(v) for v in rest.split(",")] if rest.strip() else []
-    except ValueError:
-        return False
-    if len(values) not in _TIME_KINDS[kind] or not all(math.isfinite(v) for v in values):
-        return False
-    if kind == "beta":
-        return values[0] > 0 and values[1] > 0
-    if kind == "logit_normal" and values:
-        return values[1] > 0
-    if kind == "power":
-        return values[0] > 0
-    return True
 
 
 def _mlflow_ok(text: str) -> bool:
@@ -165,13 +123,12 @@ class TrainerOptions:
         5.0, "a number of seconds > 0", lambda v: math.isfinite(v) and v > 0
     )
     """One plain progress line on stdout at this period (the engine copies stdout into its log)."""
-    time_distribution: str = _option(
-        "logit_normal:0,1",
+    time_distribution: TimeDensity = _option(  # noqa: RUF009  (a frozen value, shared safely)
+        TimeDensity.parse("logit_normal:0,1"),
         "uniform, beta:A,B (A, B > 0), logit_normal or logit_normal:LOC,SCALE (SCALE > 0), or power:K (K > 0)",
-        _time_distribution_ok,
-        normalize=str.strip,
     )
-    """Training-time distribution of t: uniform | beta:a,b | logit_normal:m,s | power:k.
+    """Training-time distribution of t: uniform | beta:a,b | logit_normal:m,s | power:k, parsed once
+    (:class:`~trainer.settings.time_density.TimeDensity`; text given to the constructor is parsed there).
 
     Default chosen by the quality benchmark (benchmarks/quality.py, engine inference path, 3 seeds, 12k
     iterations): logit-normal(0, 1) beat uniform, Beta(1, 1.5) and U² at every step count ≥ 2 on B1
@@ -191,11 +148,14 @@ class TrainerOptions:
     100/101, reported on seeds 0/1/2, benchmarks/results/ttq/): at the engine-default network (1 x 128 ELU,
     batch 256, lr 1e-3) B1 on-mode at 5,000 iterations 0.84-0.87 against 0.20-0.28 with same, B2 success at
     10,000 iterations about 0.9 against about 0.6."""
-    spread_start: float = _option(0.7, "a number from 0 up to but not including 1", lambda v: 0 <= v < 1)
-    """Time after which the training path's source widens (trainer/training/flow.py source_spread)."""
-    spread_gain: float = _option(0.0, "a number >= 0 (0: off)", _at_least(0))
-    """How far the late-time source widens: its std is sqrt(1 + (gain * (t - spread_start) / (1 -
-    spread_start))^2) past spread_start (0: the plain path)."""
+    spread_start: float = _option(
+        0.7, "a number from 0 up to but not including 1", lambda v: 0 <= v < 1, experimental=True
+    )
+    """Experimental. Time after which the training path's source widens (trainer/training/flow.py
+    source_spread)."""
+    spread_gain: float = _option(0.0, "a number >= 0 (0: off)", _at_least(0), experimental=True)
+    """Experimental. How far the late-time source widens: its std is sqrt(1 + (gain * (t - spread_start) /
+    (1 - spread_start))^2) past spread_start (0: the plain path)."""
     ode_steps: int = _option(
         0,
         "a whole number from 0 to 100 (the game's ODEStepsNum; 0: no few-step distillation)",
@@ -205,8 +165,8 @@ class TrainerOptions:
     """Euler step count the game uses (ODEStepsNum); > 0 enables few-step distillation for that count."""
     distill_fraction: float = _option(0.25, "a number from 0 up to but not including 1", lambda v: 0 <= v < 1)
     """Share of IterationNum spent on distillation when ``ode_steps`` > 0."""
-    draws_per_row: int = _option(1, "a whole number from 1 to 64", _between(1, 64))
-    """(x0, t) draws per batch row, stratified in t and antithetic in x0 (trainer/training/flow.py stratified_draws):
+    draws_per_row: int = _option(1, "a whole number from 1 to 64", _between(1, 64), experimental=True)
+    """Experimental. (x0, t) draws per batch row, stratified in t and antithetic in x0 (trainer/training/flow.py stratified_draws):
     each iteration trains BatchSize x draws_per_row samples of BatchSize rows (1: one independent draw)."""
     compile: str = _option(
         "off", "on or off", lambda v: v in ("on", "off"), normalize=lambda s: s.strip().lower()
@@ -262,11 +222,15 @@ class TrainerOptions:
         1000, "a whole number >= 0 (0: only at the end of the run)", _at_least(0)
     )
     """Measure the held-out metrics every N iterations (and at the end)."""
-    heldout_send_best: bool = _option(False, "true or false")
-    """At the end, send the networks of the measurement with the lowest held-out flow loss instead of the
+    heldout_send_best: bool = _option(False, "true or false", experimental=True)
+    """Experimental. At the end, send the networks of the measurement with the lowest held-out flow loss instead of the
     last ones (off: on B1-B4 the best checkpoint was the last or no better, docs/training.md)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.time_distribution, str):
+            # Text from a program (replace(options, time_distribution="uniform")): parsed as a user's.
+            value = parse_option("time_distribution", self.time_distribution, "TrainerOptions")
+            object.__setattr__(self, "time_distribution", value)
         for f in fields(self):
             _validate(f.name, getattr(self, f.name), "TrainerOptions")
 
@@ -295,6 +259,11 @@ def option_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(TrainerOptions))
 
 
+def experimental_options() -> tuple[str, ...]:
+    """The research knobs (:attr:`_Domain.experimental`), in declaration order."""
+    return tuple(name for name in option_names() if _domain(name).experimental)
+
+
 def cli_flag(name: str) -> str:
     """The command-line spelling of an option: ``--ode-steps``; ``--iterations`` for ``iteration_num``."""
     spelt = {target: alias for alias, target in ALIASES.items()}.get(name, name)
@@ -304,6 +273,16 @@ def cli_flag(name: str) -> str:
 def env_name(name: str) -> str:
     """``LA_TRAINER_<NAME>`` for an option (or alias) name."""
     return ENV_PREFIX + name.upper()
+
+
+def options_json(options: TrainerOptions) -> dict[str, object]:
+    """Every option as a JSON value, by name (the run record's ``options.json``, scale-out's broadcast):
+    what :func:`load_options` reads back as overrides."""
+    return {
+        f.name: str(value) if isinstance(value, TimeDensity) else value
+        for f in fields(options)
+        for value in (getattr(options, f.name),)
+    }
 
 
 _DEFAULTS = TrainerOptions.__dataclass_fields__
@@ -319,16 +298,6 @@ def _domain(name: str) -> _Domain:
     if isinstance(default, bool) or isinstance(default, str):
         return _Domain("true or false" if isinstance(default, bool) else "text")
     return _Domain("a number >= 0", _at_least(0))
-
-
-def _type_word(default: object) -> str:
-    if isinstance(default, bool):
-        return "true or false"
-    if isinstance(default, int):
-        return "a whole number"
-    if isinstance(default, float):
-        return "a number"
-    return "text"
 
 
 def _validate(name: str, value: object, source: str, fix: str = "") -> None:
@@ -382,6 +351,11 @@ def parse_option(name: str, raw: object, source: str = "a caller", fix: str = ""
                 value = float(text.strip())
             except ValueError:
                 raise failure from None
+        elif isinstance(default, TimeDensity):
+            try:
+                value = TimeDensity.parse(text)
+            except ValueError:
+                raise failure from None
         else:
             value = text
     elif isinstance(default, int) and not isinstance(default, bool) and isinstance(raw, float):
@@ -428,10 +402,10 @@ def unknown_environment_names(environ: Mapping[str, str]) -> list[str]:
     """One warning sentence per ``LA_TRAINER_*`` variable that nothing reads (a misspelt option, most
     likely), with the closest known name."""
     known = _known_env_names()
-    names = sorted([*known, *OTHER_ENVIRONMENT_NAMES])
+    names = sorted([*known, *NOT_OPTIONS])
     warnings = []
     for key in sorted(environ):
-        if key.startswith(ENV_PREFIX) and key not in known and key not in OTHER_ENVIRONMENT_NAMES:
+        if key.startswith(ENV_PREFIX) and key not in known and key not in NOT_OPTIONS:
             hint = _did_you_mean(key, names)
             warnings.append(
                 f"environment variable {key} is not a la-trainer setting and is ignored.{hint} "
@@ -520,7 +494,7 @@ def load_options(
                 given[name] = key
                 values[name] = parse_option(key, raw, f"settings file {path}", fix)
     env = os.environ if environ is None else environ
-    report = warn if warn is not None else _warn
+    report = warn if warn is not None else console_warn
     for warning in unknown_environment_names(env):
         report(warning)
     from_env: dict[str, str] = {}
@@ -549,10 +523,3 @@ def load_options(
             name, raw, f"command-line option {cli_flag(name)}", "See 'la-trainer COMMAND --help'."
         )
     return replace(TrainerOptions(), **values)  # type: ignore[arg-type]
-
-
-def _warn(message: str) -> None:
-    try:
-        print(f"la-trainer: warning: {message}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass  # the engine's pipe is gone; a warning is not worth a crash

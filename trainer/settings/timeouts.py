@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from trainer.settings.environment import environment_number
+from trainer.settings.environment import ENV_TIMEOUT_SCALE, environment_number
 
 __all__ = ["DEFAULT_WAIT_S", "WAIT_ADVICE", "Timeouts"]
 
@@ -74,7 +74,7 @@ class Timeouts:
             raise ValueError(f"wait must be >= 0 seconds (0: no bound), got {wait!r}")
         base = cls() if wait is None else cls(wait=math.inf if wait == 0 else float(wait))
         scale = environment_number(
-            "LA_TRAINER_TIMEOUT_SCALE",
+            ENV_TIMEOUT_SCALE,
             1.0,
             "a number > 0 (the factor on every bounded wait)",
             lambda v: v > 0,

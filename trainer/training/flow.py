@@ -43,12 +43,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, TypeAlias, TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch import Tensor
+
+from trainer.settings.time_density import TIME_KINDS, TimeDensity, TimeKind
 
 __all__ = [
     "TIME_KINDS",
@@ -64,9 +66,6 @@ __all__ = [
     "stratified_draws",
 ]
 
-TimeKind: TypeAlias = Literal["uniform", "beta", "logit_normal", "power"]
-TIME_KINDS: tuple[TimeKind, ...] = ("uniform", "beta", "logit_normal", "power")
-
 _GAMMA_CANDIDATES = 8
 """Marsaglia–Tsang proposals drawn per gamma sample. Each is accepted with probability ≥ 0.95 (shape
 ≥ 1), so all 8 fail with probability < 1e-10; such a sample falls back to the distribution's mode
@@ -75,75 +74,15 @@ host syncs, and every draw comes from the caller's generator (torch's own Beta i
 
 
 @dataclass(frozen=True, slots=True)
-class TimeDistribution:
-    """Distribution of the training time ``t ∈ [0, 1]`` (0 = noise, 1 = data).
-
-    ``kind`` and the meaning of ``a``/``b``:
-
-    * ``"uniform"``: U[0, 1) (``a``, ``b`` unused). This class's default; the trainer's default is
-      logit-normal(0, 1), chosen by the quality benchmark (:attr:`trainer.settings.options.TrainerOptions.time_distribution`).
-    * ``"beta"``: Beta(a, b); mean a/(a + b). ``a > b`` skews toward data.
-    * ``"logit_normal"``: sigmoid(a + b·N(0, 1)) (location ``a``, scale ``b > 0``); concentrates on
-      mid times as in SD3; ``a > 0`` skews toward data.
-    * ``"power"``: U^a with exponent ``a > 0``; mean 1/(1 + a). ``a > 1`` skews toward noise
-      (t near 0, where the coarse first Euler steps happen), ``a < 1`` toward data.
-
-    Use the constructors (:meth:`uniform`, :meth:`beta`, :meth:`logit_normal`, :meth:`power`) or
-    :meth:`parse` (``"beta:1.5,1"``) rather than positional ``a``/``b``.
-    """
-
-    kind: TimeKind = "uniform"
-    a: float = 1.0
-    b: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in TIME_KINDS:
-            raise ValueError(
-                f"time distribution kind must be one of {', '.join(TIME_KINDS)}, got {self.kind!r}"
-            )
-        for name in ("a", "b"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ValueError(f"time distribution parameter {name} must be a finite number, got {value!r}")
-        if self.kind == "beta" and (self.a <= 0 or self.b <= 0):
-            raise ValueError(f"Beta(a, b) needs a > 0 and b > 0, got a={self.a}, b={self.b}")
-        if self.kind == "logit_normal" and self.b <= 0:
-            raise ValueError(f"the logit-normal scale b must be > 0, got {self.b}")
-        if self.kind == "power" and self.a <= 0:
-            raise ValueError(f"the power exponent a must be > 0, got {self.a}")
+class TimeDistribution(TimeDensity):
+    """A :class:`~trainer.settings.time_density.TimeDensity` (the option value: kinds, parameters, text
+    grammar and checks live there) that draws times: :meth:`sample`, :meth:`quantile`. Build it from the
+    option with :meth:`of`, or with the density's constructors (``TimeDistribution.beta(1.5, 1)``)."""
 
     @classmethod
-    def uniform(cls) -> TimeDistribution:
-        return cls("uniform")
-
-    @classmethod
-    def beta(cls, alpha: float, beta: float) -> TimeDistribution:
-        return cls("beta", alpha, beta)
-
-    @classmethod
-    def logit_normal(cls, loc: float = 0.0, scale: float = 1.0) -> TimeDistribution:
-        return cls("logit_normal", loc, scale)
-
-    @classmethod
-    def power(cls, exponent: float) -> TimeDistribution:
-        return cls("power", exponent)
-
-    @classmethod
-    def parse(cls, text: str) -> TimeDistribution:
-        """``"uniform"``, ``"beta:A,B"``, ``"logit_normal[:LOC,SCALE]"`` (default 0, 1), ``"power:EXPONENT"``."""
-        kind, _, rest = text.strip().partition(":")
-        if kind not in TIME_KINDS:
-            raise ValueError(f"time distribution {text!r}: kind must be one of {', '.join(TIME_KINDS)}")
-        try:
-            values = [float(v) for v in rest.split(",")] if rest.strip() else []
-        except ValueError:
-            raise ValueError(f"time distribution {text!r}: parameters must be numbers") from None
-        if kind == "logit_normal" and not values:
-            return cls.logit_normal()
-        wanted = {"uniform": 0, "beta": 2, "logit_normal": 2, "power": 1}[kind]
-        if len(values) != wanted:
-            raise ValueError(f"time distribution {text!r}: {kind} takes {wanted} parameter(s)")
-        return cls(kind, *values)
+    def of(cls, density: TimeDensity) -> TimeDistribution:
+        """The distribution of an option value (``options.time_distribution``)."""
+        return cls(density.kind, density.a, density.b, text=density.text)
 
     def sample(
         self,

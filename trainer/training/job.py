@@ -17,13 +17,13 @@ from typing import Any
 import torch
 
 from protocol.config import SessionConfig
+from protocol.names import NetworkId
 from protocol.nne.layers import Layer
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import Snapshot
 from trainer import __version__
-from trainer.errors import BadData
-from trainer.records.progress import log
 from trainer.settings.options import TrainerOptions
+from trainer.system.console import log
 from trainer.training.checkpoint import (
     CheckpointError,
     Fingerprint,
@@ -34,11 +34,10 @@ from trainer.training.checkpoint import (
 )
 from trainer.training.data import TensorData, TrainingData
 from trainer.training.flow import TimeDistribution
-from trainer.training.heldout import DEFAULT_ODE_STEPS, HeldOutEvaluator, split_episodes
+from trainer.training.heldout import DEFAULT_ODE_STEPS, EpisodeSplit, HeldOutEvaluator, split_episodes
 from trainer.training.model import FlowModel, ModelSettings
 from trainer.training.steps import GradientAveraging, Phase, StepInputs, TrainingStep, choose_step
 from trainer.training.steps.autograd import BatchSampler, make_optimizer, set_learning_rate
-from trainer.training.steps.compiled import compile_wanted
 from trainer.training.steps.distill import RECOMMENDED_ITERATIONS, DistillSettings, distill_iterations
 
 __all__ = ["TrainingJob"]
@@ -98,7 +97,8 @@ class TrainingJob:
         checkpoint_dir: Path | None = None,
     ) -> TrainingJob:
         """Build the job; with ``options.resume`` and a checkpoint in ``checkpoint_dir`` (or in the
-        folder of an earlier run of the same task), continue from it.
+        folder of an earlier run of the same task), continue from it. ``options`` were checked where they
+        were read (:mod:`trainer.settings.options`): nothing here refuses them again.
 
         Raises:
             ResumeRefused: the checkpoint belongs to other networks, config or data, or none is usable.
@@ -108,91 +108,22 @@ class TrainingJob:
         torch.manual_seed(training.seed)
         generator = torch.Generator(device=device)
         generator.manual_seed(training.seed)
-        # Held-out episodes (trainer.training.heldout): with the option off or too few episodes the split holds
-        # nothing out and the training data is built exactly as without it.
+        # Held-out episodes (trainer.training.heldout): with the option off or too few episodes the split
+        # holds nothing out and the training data is built exactly as without it.
         split = split_episodes(
             replay.episode_lengths, options.heldout_share, options.heldout_min_episodes, training.seed
         )
         data = TrainingData.from_replay(
             replay, config.action_chunk_size, split.train if split.active else None
         )
-        settings = ModelSettings.from_session(
-            config,
-            ema_decay=options.ema_decay,
-            spread_start=options.spread_start,
-            spread_gain=options.spread_gain,
-        )
-        model = FlowModel.from_networks(
-            received[0].model,
-            received[1].model,
-            received[2].model,
-            config.observation_schema.schema,
-            config.action_schema.schema,
-            settings,
-            data,
-            device,
-        )
-        placement = model.placement
-        log(
-            f"la-trainer: normalisation: observations in the {placement.observations}, actions in the "
-            f"{placement.actions}; source fitted to the data (NormalizeLatents): {placement.fitted_source}; "
-            f"encoder trained: {placement.encoder_trained}"
-        )
-        for note in placement.notes:
-            log(f"la-trainer: note: {note}")
+        model = _model(config, received, options, data, device)
         tensors = model.tensor_data(data)
         optimizer = make_optimizer(model, training.learning_rate, training.weight_decay, options.layer_lr)
         sampler = BatchSampler(tensors, training.batch_size, generator)
-        try:
-            time_distribution = TimeDistribution.parse(options.time_distribution)
-        except ValueError as error:
-            raise BadData(f"option time_distribution: {error}") from None
+        time_distribution = TimeDistribution.of(options.time_distribution)
         total = options.iteration_num or training.iteration_num
-        try:
-            compile_wanted(options.compile, device)
-        except ValueError as error:
-            raise BadData(f"option compile: {error}") from None
-        distill_start = None
-        if options.ode_steps > 0:
-            # Few-step distillation (trainer.training.steps.distill): the last iterations distil for the game's
-            # ODEStepsNum, as many as fit into distill_fraction of the run's time.
-            try:
-                cost = DistillSettings(options.ode_steps).cost
-                distill_start = total - distill_iterations(total, options.distill_fraction, cost)
-            except ValueError as error:
-                raise BadData(f"options ode_steps/distill_fraction: {error}") from None
-            log(
-                f"la-trainer: distilling for {options.ode_steps} Euler step(s) from iteration {distill_start} "
-                f"({total - distill_start} of {total} iterations, ~{options.distill_fraction:.0%} of the time)"
-            )
-            if total - distill_start < RECOMMENDED_ITERATIONS:
-                log(
-                    f"la-trainer: warning: {total - distill_start} distillation iterations are fewer than the "
-                    f"{RECOMMENDED_ITERATIONS} that measured close to many-step quality (docs/distillation.md); "
-                    "raise IterationNum or distill_fraction for better few-step behaviour."
-                )
-        heldout = None
-        if split.active:
-            heldout = HeldOutEvaluator.build(
-                model,
-                TrainingData.from_replay(replay, config.action_chunk_size, split.heldout),
-                episodes=int(split.heldout.size),
-                time_distribution=time_distribution,
-                seed=training.seed,
-                steps=options.ode_steps or DEFAULT_ODE_STEPS,
-                device=device,
-            )
-            log(
-                f"la-trainer: held out {split.heldout.size} of {split.heldout.size + split.train.size} episodes "
-                f"({heldout.rows} rows) to measure imitation quality on, every "
-                f"{options.heldout_every_iterations or total} iterations at {heldout.steps} Euler steps "
-                "(option heldout_share; trainer/training/heldout.py)"
-            )
-        elif options.heldout_share > 0:
-            log(
-                f"la-trainer: nothing held out: {int((replay.episode_lengths > 0).sum())} episodes, fewer than "
-                f"heldout_min_episodes ({options.heldout_min_episodes}); training on every episode"
-            )
+        distill_start = _distill_start(options, total)
+        heldout = _heldout(config, replay, split, model, options, time_distribution, total, device)
         job = cls(
             config=config,
             options=options,
@@ -312,7 +243,11 @@ class TrainingJob:
     def export(self) -> dict[int, Layer]:
         """Networks 0 (denoiser), 1 (encoder), 2 (decoder) with every fold applied."""
         exported = self.model.export()
-        return {0: exported.denoiser, 1: exported.encoder, 2: exported.decoder}
+        return {
+            int(NetworkId.DENOISER): exported.denoiser,
+            int(NetworkId.ENCODER): exported.encoder,
+            int(NetworkId.DECODER): exported.decoder,
+        }
 
     def maybe_checkpoint(self, iteration: int, *, force: bool = False) -> Path | None:
         """Write a resumable checkpoint after ``iteration`` steps when one is due; returns its path.
@@ -351,6 +286,99 @@ class TrainingJob:
         self.checkpoint_iteration = iteration
         self.checkpoint_clock = time.monotonic()
         return self.last_checkpoint
+
+
+def _model(
+    config: SessionConfig,
+    received: Mapping[int, Snapshot],
+    options: TrainerOptions,
+    data: TrainingData,
+    device: torch.device,
+) -> FlowModel:
+    """The model from the received networks (:meth:`FlowModel.from_networks`), and one log line on where
+    the normalisation went (and a note for each fallback)."""
+    settings = ModelSettings.from_session(
+        config,
+        ema_decay=options.ema_decay,
+        spread_start=options.spread_start,
+        spread_gain=options.spread_gain,
+    )
+    model = FlowModel.from_networks(
+        received[NetworkId.DENOISER].model,
+        received[NetworkId.ENCODER].model,
+        received[NetworkId.DECODER].model,
+        config.observation_schema.schema,
+        config.action_schema.schema,
+        settings,
+        data,
+        device,
+    )
+    placement = model.placement
+    log(
+        f"la-trainer: normalisation: observations in the {placement.observations}, actions in the "
+        f"{placement.actions}; source fitted to the data (NormalizeLatents): {placement.fitted_source}; "
+        f"encoder trained: {placement.encoder_trained}"
+    )
+    for note in placement.notes:
+        log(f"la-trainer: note: {note}")
+    return model
+
+
+def _distill_start(options: TrainerOptions, total: int) -> int | None:
+    """The first distillation iteration (``ode_steps`` > 0): the last iterations distil for the game's
+    ODEStepsNum, as many as fit into ``distill_fraction`` of the run's time (trainer.training.steps.
+    distill); None when off. Says so, with a warning below the recommended count."""
+    if options.ode_steps <= 0:
+        return None
+    cost = DistillSettings(options.ode_steps).cost
+    distill_start = total - distill_iterations(total, options.distill_fraction, cost)
+    log(
+        f"la-trainer: distilling for {options.ode_steps} Euler step(s) from iteration {distill_start} "
+        f"({total - distill_start} of {total} iterations, ~{options.distill_fraction:.0%} of the time)"
+    )
+    if total - distill_start < RECOMMENDED_ITERATIONS:
+        log(
+            f"la-trainer: warning: {total - distill_start} distillation iterations are fewer than the "
+            f"{RECOMMENDED_ITERATIONS} that measured close to many-step quality (docs/distillation.md); "
+            "raise IterationNum or distill_fraction for better few-step behaviour."
+        )
+    return distill_start
+
+
+def _heldout(
+    config: SessionConfig,
+    replay: ReplayBuffer,
+    split: EpisodeSplit,
+    model: FlowModel,
+    options: TrainerOptions,
+    time_distribution: TimeDistribution,
+    total: int,
+    device: torch.device,
+) -> HeldOutEvaluator | None:
+    """The held-out measurements when the split holds episodes out (one log line either way)."""
+    if not split.active:
+        if options.heldout_share > 0:
+            log(
+                f"la-trainer: nothing held out: {int((replay.episode_lengths > 0).sum())} episodes, fewer than "
+                f"heldout_min_episodes ({options.heldout_min_episodes}); training on every episode"
+            )
+        return None
+    heldout = HeldOutEvaluator.build(
+        model,
+        TrainingData.from_replay(replay, config.action_chunk_size, split.heldout),
+        episodes=int(split.heldout.size),
+        time_distribution=time_distribution,
+        seed=config.trainer.training.seed,
+        steps=options.ode_steps or DEFAULT_ODE_STEPS,
+        device=device,
+    )
+    log(
+        f"la-trainer: held out {split.heldout.size} of {split.heldout.size + split.train.size} episodes "
+        f"({heldout.rows} rows) to measure imitation quality on, every "
+        f"{options.heldout_every_iterations or total} iterations at {heldout.steps} Euler steps "
+        "(option heldout_share; trainer/training/heldout.py)"
+    )
+    return heldout
 
 
 def _regrouped(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,12 +34,14 @@ from enum import Enum
 
 __all__ = [
     "MAX_AUTO_THREADS",
+    "THREADS_WORK_THRESHOLD",
     "ThreadChoice",
     "ThreadPolicy",
     "ThreadSettings",
     "ThreadTuner",
     "Why",
     "candidate_threads",
+    "choose_threads",
     "usable_cores",
 ]
 
@@ -66,6 +68,26 @@ def candidate_threads(cores: int) -> tuple[int, ...]:
     if counts[-1] != top:
         counts.append(top)
     return tuple(counts)
+
+
+THREADS_WORK_THRESHOLD = 16_000_000
+"""Multiply-adds per forward pass (batch × denoiser parameters) from which a step uses several threads.
+
+Measured with ``la-trainer bench --sections train`` (2 cores, two idle runs, 1 thread vs 2): the default
+network (batch 256 × 23k parameters ≈ 6 M) runs faster on one (1,402 vs 1,364 and 1,338 vs 1,262 it/s);
+the chunk-8 2×512 one (≈ 21 M) as fast or faster on two (639 vs 633, 641 vs 798); the 3-layer 256-wide
+one at batch 1024 (≈ 80 M) much faster on two (168 vs 256, 177 vs 287)."""
+
+
+def choose_threads(threads: int, work: int) -> int:
+    """The run's first intra-op CPU thread count: ``threads`` (the option; 0: automatic), else one for small networks
+    (intra-op threading costs more than it saves there) and up to 8 from :data:`THREADS_WORK_THRESHOLD`
+    on. Where nothing fixes the count, a CPU run then measures it (this module); this is the
+    count it measures first. ``work``: batch size × the denoiser's parameter count (the multiply-adds of
+    one forward pass)."""
+    if threads > 0:
+        return threads
+    return 1 if work < THREADS_WORK_THRESHOLD else candidate_threads(usable_cores())[-1]
 
 
 class Why(str, Enum):
@@ -149,10 +171,6 @@ class ThreadPolicy:
         if self.threads not in self.candidates:
             self.threads = self.candidates[0]
         self._start_probe(Why.START)
-
-    @property
-    def probing(self) -> bool:
-        return self._why is not None
 
     def record(self, seconds: float) -> ThreadChoice | None:
         """One training step took ``seconds`` at :attr:`threads`. Returns the choice when a probe ends."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from protocol.config import SessionConfig
+from protocol.names import CommType
 from protocol.replay import ReplayBuffer
 from trainer.errors import BadData
 
@@ -26,7 +27,7 @@ class TrainerLink(Protocol):
     """
 
     @property
-    def comm_type(self) -> str:
+    def comm_type(self) -> CommType:
         """The transport's name in tracker run names (spec §7.2: ``<Task>_<Method>_<CommType>_<TimeStamp>``);
         read-only, so a class attribute or a property of a wrapping link both satisfy it."""
         ...

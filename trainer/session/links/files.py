@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from protocol.config import SessionConfig
+from protocol.names import CommType, network_label
 from protocol.replay import ReplayBuffer
 from trainer.errors import LaunchError
-from trainer.records.progress import log
 from trainer.session.links.base import check_snapshot_size
 from trainer.session.transport.files import (
     TRAINER_CONFIG,
@@ -24,13 +24,12 @@ from trainer.session.transport.files import (
     read_training_materials,
     write_network_files,
 )
+from trainer.system.console import log
 
 __all__ = ["OFFLINE_TASK_NAME", "FileTrainerLink", "default_output_parent"]
 
 OFFLINE_TASK_NAME = "Offline"
 """Task name of offline runs: output folders ``Offline<N>``, run names ``Offline_FlowMatching_Files_...``."""
-
-_ROLES = {0: "denoiser", 1: "encoder", 2: "decoder"}
 
 
 def default_output_parent(export: Path) -> Path:
@@ -50,7 +49,7 @@ class FileTrainerLink:
     files written.
     """
 
-    comm_type = "Files"
+    comm_type = CommType.FILES
     """See :attr:`TrainerLink.comm_type <trainer.session.links.base.TrainerLink.comm_type>`."""
 
     def __init__(self, folder: str | os.PathLike[str], *, output_dir: str | os.PathLike[str]) -> None:
@@ -116,7 +115,7 @@ class FileTrainerLink:
     def finish(self, timeout: float) -> None:
         """Nothing to wait for offline: say where the trained networks are."""
         for network_id, path in sorted(self._written.items()):
-            log(f"la-trainer: trained network {network_id} ({_ROLES.get(network_id, 'network')}): {path}")
+            log(f"la-trainer: trained {network_label(network_id)}: {path}")
 
     def close(self) -> None:
         """Nothing is held open (files are read whole and written atomically)."""

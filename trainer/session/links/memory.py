@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from protocol.config import SessionConfig
+from protocol.names import CommType
 from protocol.replay import ReplayBuffer
 from trainer.errors import LaunchError
 from trainer.session.links.base import check_snapshot_size
@@ -48,7 +49,7 @@ class MemoryLink:
         stop_when: called by :meth:`stop_requested` with the number of earlier calls; True requests Stop.
     """
 
-    comm_type = "Memory"
+    comm_type = CommType.MEMORY
     """See :attr:`TrainerLink.comm_type <trainer.session.links.base.TrainerLink.comm_type>`."""
 
     def __init__(

@@ -37,16 +37,17 @@ from protocol.config import (
 from protocol.controls import CONTROL_BLOCK_BYTES, Control, TrainerControls, init_controls, read_controls
 from protocol.errors import ControlError, GuidError
 from protocol.guid import os_shm_name, parse_guid, platform_guid_string
+from protocol.names import FLOW_MATCHING, CommType, trainer_method
 from protocol.replay import ReplayBuffer, ReplayLayout
-from trainer.dropin.handover import FLOW_MATCHING
 from trainer.errors import BadData, Interrupted, LaunchError, PeerGone, WaitTimeout
 from trainer.session.links.base import check_snapshot_size
 from trainer.session.transport.files import CONFIG_FILE_LIMIT
 from trainer.session.transport.mappers import GameWatch, game_watch
 from trainer.session.transport.shm import SharedRegion, region_exists, unlink_orphaned
 from trainer.session.transport.staging import ReplayStaging
-from trainer.session.transport.wait import StopRequested, WaitRule, after_grace, say, wait_until
+from trainer.session.transport.wait import StopRequested, WaitRule, after_grace, wait_until
 from trainer.settings.timeouts import WAIT_ADVICE, Timeouts
+from trainer.system.console import log
 from trainer.system.liveness import parent_watch
 from trainer.system.lockfile import ControlBlockLock
 
@@ -79,7 +80,7 @@ class ShmTrainerLink:
         output: where the link's log lines go (tests capture them).
     """
 
-    comm_type = "SharedMemory"
+    comm_type = CommType.SHARED_MEMORY
     """See :attr:`TrainerLink.comm_type <trainer.session.links.base.TrainerLink.comm_type>`."""
 
     def __init__(
@@ -93,7 +94,7 @@ class ShmTrainerLink:
         watch_parent: bool | None = None,
         interrupted: Callable[[], bool] | None = None,
         serve: bool = False,
-        output: Callable[[str], None] = say,
+        output: Callable[[str], None] = log,
     ) -> None:
         if serve and not create:
             raise LaunchError(
@@ -126,7 +127,7 @@ class ShmTrainerLink:
         self._config: SessionConfig | None = None
         self._stopped = False
         self._closed = False
-        # One trainer per control block (transport/lockfile.py); taken before the block is touched, so a
+        # One trainer per control block (trainer/system/lockfile.py); taken before the block is touched, so a
         # second trainer never clears a signal the first one is waiting on.
         self._lock = ControlBlockLock(self._guid_string)
         try:
@@ -285,7 +286,8 @@ class ShmTrainerLink:
     def peek_trainer_method(self) -> str:
         """Wait for ConfigSignal and return ``TrainerMethod`` from trainer-config.json WITHOUT acknowledging.
 
-        For the hand-over of other methods to the engine's own ``train.py`` (:mod:`trainer.dropin.handover`):
+        For the hand-over of other methods to the engine's own ``train.py`` (:func:`trainer.dropin.handover.
+        keep_flow_matching`):
         ConfigSignal stays 1, so the engine's script finds the config as the engine posted it. A missing
         key means the engine default, :data:`FLOW_MATCHING`; the file's other content is checked by
         :meth:`receive_config`, which then returns at once (the signal is still raised).
@@ -293,8 +295,8 @@ class ShmTrainerLink:
         self._wait_for_config()
         path = self.config_dir / "trainer-config.json"
         obj = parse_json(_read_config_file(path), path.name)
-        method = obj.get("TrainerMethod", FLOW_MATCHING) if isinstance(obj, dict) else FLOW_MATCHING
-        return method if isinstance(method, str) else FLOW_MATCHING
+        method = trainer_method(obj)
+        return FLOW_MATCHING if method is None else method
 
     def receive_config(self) -> SessionConfig:
         """Wait for ConfigSignal, read the three files (§2.4), acknowledge, map every region."""

@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from protocol.config import SessionConfig, parse_json, session_from_socket
 from protocol.errors import StreamError
+from protocol.names import CommType
 from protocol.replay import ReplayBuffer, ReplayLayout
 from protocol.stream import (
     NEED_DATA,
@@ -40,8 +41,9 @@ from protocol.stream import (
 from trainer.errors import LaunchError, PeerGone
 from trainer.session.links.base import check_snapshot_size
 from trainer.session.transport.tcp import ACCEPT_HINT, TcpConnection, TcpServer, enable_keepalive
-from trainer.session.transport.wait import StopRequested, WaitRule, after_grace, say, wait_until
+from trainer.session.transport.wait import StopRequested, WaitRule, after_grace, wait_until
 from trainer.settings.timeouts import Timeouts
+from trainer.system.console import log
 
 __all__ = ["SocketTrainerLink"]
 
@@ -66,7 +68,7 @@ class SocketTrainerLink:
     each game without a bound and serves the next one after :meth:`next_session`.
     """
 
-    comm_type = "Socket"
+    comm_type = CommType.SOCKET
     """See :attr:`TrainerLink.comm_type <trainer.session.links.base.TrainerLink.comm_type>`."""
 
     def __init__(
@@ -78,7 +80,7 @@ class SocketTrainerLink:
         peer_alive: Callable[[], bool] | None = None,
         interrupted: Callable[[], bool] | None = None,
         serve: bool = False,
-        output: Callable[[str], None] = say,
+        output: Callable[[str], None] = log,
         accepted: tuple[socket.socket, bytes] | None = None,
     ) -> None:
         self._timeouts = timeouts or Timeouts()

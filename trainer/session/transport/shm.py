@@ -28,6 +28,7 @@ from types import FrameType, TracebackType
 
 from trainer.errors import LaunchError
 from trainer.system import win32
+from trainer.system.console import warn
 
 __all__ = ["SharedRegion", "region_exists", "unlink_orphaned"]
 
@@ -209,7 +210,7 @@ class SharedRegion:
         region = cls(name, size, mapping, created=True, label=label)
         if stale:
             region.buf[:] = bytes(size)
-            _warn(
+            warn(
                 f"a stale shared-memory region {name!r} was left by an earlier run that did not exit "
                 "cleanly; it has been re-initialised and reused."
             )
@@ -330,7 +331,3 @@ def _check_size(size: int, label: str) -> None:
     # mmap treats length 0 as "the whole object"; the engine never allocates empty regions (§2.2).
     if size <= 0:
         raise LaunchError(f"the {label} would be {size} bytes; regions must be at least 1 byte")
-
-
-def _warn(message: str) -> None:
-    print(f"la-trainer: warning: {message}", file=sys.stderr, flush=True)

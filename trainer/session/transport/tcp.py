@@ -25,6 +25,7 @@ from types import TracebackType
 
 from trainer.errors import Interrupted, LaunchError, PeerGone, WaitTimeout
 from trainer.session.transport.wait import wait_until
+from trainer.system.console import warn
 
 __all__ = [
     "ACCEPT_HINT",
@@ -322,7 +323,7 @@ class TcpServer:
         self.port: int = sock.getsockname()[1]
         """The bound port (useful with port 0 in tests)."""
         if not is_loopback(host):
-            _warn(
+            warn(
                 f"listening on {host}:{port}, which is reachable from other machines. The training "
                 "link is neither encrypted nor authenticated: anyone who connects first can feed the "
                 "trainer data and receive its networks. Use 127.0.0.1 unless the game runs elsewhere."
@@ -473,7 +474,3 @@ def enable_keepalive(sock: socket.socket, *, platform: str | None = None) -> lis
                 ioctl(vals, (1, KEEPALIVE_IDLE_S * 1000, KEEPALIVE_INTERVAL_S * 1000))
                 applied.append("SIO_KEEPALIVE_VALS")
     return applied
-
-
-def _warn(message: str) -> None:
-    print(f"la-trainer: warning: {message}", file=sys.stderr, flush=True)

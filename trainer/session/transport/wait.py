@@ -31,6 +31,7 @@ from typing import TypeVar
 from trainer.errors import Interrupted, PeerGone, TrainerError, WaitTimeout
 from trainer.exitcodes import ExitCode
 from trainer.settings.timeouts import WAIT_ADVICE, Timeouts
+from trainer.system.console import log
 
 __all__ = [
     "SPIN_SECONDS",
@@ -38,7 +39,6 @@ __all__ = [
     "StopRequested",
     "WaitRule",
     "after_grace",
-    "say",
     "wait_until",
 ]
 
@@ -62,15 +62,6 @@ class StopRequested(TrainerError):
     """
 
     exit_code = ExitCode.OK
-
-
-def say(line: str) -> None:
-    """One flushed line on stdout (the engine echoes it into its log) that never raises: a wait must not
-    fail because the engine's output pipe is gone; the wait itself notices the game's death."""
-    try:
-        print(line, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 def after_grace(interrupted: Callable[[], bool] | None, grace: float) -> Callable[[], bool] | None:
@@ -110,7 +101,7 @@ class WaitRule:
         *,
         visible: bool,
         why_unseen: str = "",
-        output: Callable[[str], None] = say,
+        output: Callable[[str], None] = log,
     ) -> None:
         self.timeouts = timeouts
         self.visible = visible

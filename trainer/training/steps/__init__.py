@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.records.progress import log
+from trainer.system.console import log
 from trainer.training.data import TensorData
 from trainer.training.flow import TimeDistribution
 from trainer.training.model import FlowModel

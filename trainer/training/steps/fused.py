@@ -58,7 +58,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.errors import Diverged
-from trainer.records.progress import log
+from trainer.system.console import log
 from trainer.training.data import TensorData
 from trainer.training.flow import TimeDistribution, source_spread, stratified_draws
 from trainer.training.model import FlowModel

@@ -1,4 +1,6 @@
-"""The entry point: ``python -m trainer.distributed <engine argv>``, under torchrun or launching it."""
+"""``python -m trainer.distributed <engine argv>``: the engine's ``train.py`` under torchrun (one rank of the
+scale-out trainer, :mod:`trainer.distributed`), or launching torchrun, or, with one process, the ordinary
+trainer (:func:`trainer.dropin.engine.engine_main`). ``trainer/distributed/__main__.py`` runs :func:`main`."""
 
 from __future__ import annotations
 
@@ -6,25 +8,16 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trainer.distributed.environment import (
-    DEFAULT_STALL_S,
-    DEFAULT_TIMEOUT_S,
-    ENV_AGREE,
-    ENV_NPROC,
-    ENV_STALL,
-    ENV_TIMEOUT,
-    DistEnv,
-    env_int,
-    float_env,
-)
+from trainer.distributed.environment import DEFAULT_STALL_S, DEFAULT_TIMEOUT_S, DistEnv, env_int, float_env
 from trainer.distributed.rank import run_rank
-from trainer.dropin import reexec_under_torchrun, torchrun_command
-from trainer.dropin.torchrun import record_exit
+from trainer.dropin.engine import engine_main
+from trainer.dropin.torchrun import record_exit, reexec_under_torchrun
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
-from trainer.session.app import engine_main
+from trainer.settings.environment import ENV_AGREE, ENV_NPROC, ENV_STALL, ENV_TIMEOUT
+from trainer.system.console import log_error
 
-__all__ = ["main", "torchrun_command"]
+__all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,7 +38,7 @@ def _main(args: list[str]) -> int:
             float_env(ENV_TIMEOUT, DEFAULT_TIMEOUT_S)
             env_int(os.environ, ENV_AGREE, 1)
     except LaunchError as error:
-        print(f"la-trainer: {error}", file=sys.stderr, flush=True)
+        log_error(f"la-trainer: {error}")
         return int(ExitCode.USAGE)
     if env is None:
         return reexec_under_torchrun(args, nproc) if nproc is not None and nproc > 1 else engine_main(args)
