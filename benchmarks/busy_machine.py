@@ -16,8 +16,8 @@ Policies, side by side in one run:
 * ``before``: what b7e6ee4 did: a fixed count from the denoiser's size (1 below the work threshold,
   else min(cores, 8)) and libgomp's own spin (``GOMP_SPINCOUNT=300000``, its default without
   ``OMP_WAIT_POLICY``);
-* ``after``: today's default (nothing set: the measured count of :mod:`trainer.threads` and the spin of
-  :mod:`trainer.openmp`);
+* ``after``: today's default (nothing set: the measured count of :mod:`trainer.training.threads` and the spin of
+  :mod:`trainer.system.openmp`);
 * ``after-spin-default``: the measured count with libgomp's default spin, to show what the spin alone
   is worth.
 
@@ -49,8 +49,8 @@ from typing import Any
 
 from benchmarks.time_to_quality.run import commit
 from emulator.session import EngineTask, SessionSettings, run_engine_session
-from trainer.run import THREADS_WORK_THRESHOLD
-from trainer.runrecord import find_run_folders, read_metrics
+from trainer.records.runrecord import find_run_folders, read_metrics
+from trainer.training.threads import THREADS_WORK_THRESHOLD
 
 __all__ = ["POLICIES", "WORKLOADS", "main", "table"]
 

@@ -1,12 +1,12 @@
 """Few-step distillation benchmark: quality at N = 1, 2, 4, 8 Euler steps with and without distillation.
 
 For each task (B1 bimodal, B2 avoid; ``docs/benchmarks.md``) and seed this script trains the networks
-the engine would send with the trainer's own :class:`trainer.job.TrainingJob` (same code as the
+the engine would send with the trainer's own :class:`trainer.training.job.TrainingJob` (same code as the
 trainer process, stepped in this process so that one flow-matching run can be shared):
 
 * the **plain** model: ``IterationNum`` flow-matching iterations (``ode_steps`` 0);
 * one **distilled** model per N: the very same run forked at its phase boundary (the boundary depends on
-  N through the cost model of :mod:`trainer.steps.distill`) and continued with ``ode_steps = N``. Up to the
+  N through the cost model of :mod:`trainer.training.steps.distill`) and continued with ``ode_steps = N``. Up to the
   boundary the two runs are the same iterations from the same seed, so each fork is bit for bit what
   ``LA_TRAINER_ODE_STEPS=N`` gives the trainer process;
 * optionally the same-network MSE regression baseline (:mod:`benchmarks.mse_baseline`).
@@ -43,10 +43,10 @@ from emulator.inference import EnginePolicy
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from emulator.tasks import Demonstrations, Policy, avoid, bimodal, task_rng
 from protocol.snapshot import Snapshot, read_snapshot
-from trainer.job import TrainingJob
-from trainer.options import TrainerOptions
-from trainer.run import encode_networks
-from trainer.steps.distill import DistillSettings, distill_iterations
+from trainer.session.run import encode_networks
+from trainer.settings.options import TrainerOptions
+from trainer.training.job import TrainingJob
+from trainer.training.steps.distill import DistillSettings, distill_iterations
 
 __all__ = [
     "TASKS",

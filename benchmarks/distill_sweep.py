@@ -1,11 +1,11 @@
 """Distillation variants from one teacher: what moves few-step quality (docs/distillation.md).
 
-One flow-matching run of ``--iterations`` (the trainer's own :class:`trainer.job.TrainingJob`, seeded)
+One flow-matching run of ``--iterations`` (the trainer's own :class:`trainer.training.job.TrainingJob`, seeded)
 is forked at ``iterations − n`` for each variant's distillation length ``n``; each fork distils for
 ``--ode-steps`` N to the end with the variant's settings and is scored through the engine's inference
 path at N (:func:`benchmarks.distill.evaluate`). Variants:
 
-* ``iters=<n>``: plain distillation for ``n`` iterations (:class:`trainer.steps.distill.DistillSettings` defaults);
+* ``iters=<n>``: plain distillation for ``n`` iterations (:class:`trainer.training.steps.distill.DistillSettings` defaults);
 * ``cosine``: a cosine learning-rate decay to 0 over the phase;
 * ``huber=<c>``: the pseudo-Huber loss with constant ``c``;
 * ``teacher=<s>``: ``s`` teacher midpoint steps over [0, 1] (default 8).
@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from benchmarks.distill import TASKS, evaluate, make_job, run_iterations
-from trainer.job import TrainingJob
-from trainer.options import TrainerOptions
-from trainer.steps.base import Phase
-from trainer.steps.distill import DistillationStep, Distiller, DistillSettings
+from trainer.settings.options import TrainerOptions
+from trainer.training.job import TrainingJob
+from trainer.training.steps.base import Phase
+from trainer.training.steps.distill import DistillationStep, Distiller, DistillSettings
 
 __all__ = ["Variant", "main", "parse_variant"]
 
@@ -99,7 +99,7 @@ def main() -> None:
         fork = copy.deepcopy(forks[start])
         fork.options = dataclasses.replace(fork.options, ode_steps=args.ode_steps)
         fork.distill_start = start
-        # The distillation phase the job would choose at its boundary (trainer.steps.choose_step), built
+        # The distillation phase the job would choose at its boundary (trainer.training.steps.choose_step), built
         # here with the variant's settings; the job keeps a step of the current phase.
         distiller = Distiller(
             fork.model,

@@ -1,8 +1,8 @@
-"""Does the held-out metric rank checkpoints as the task's own quality does? (issue 23, trainer/heldout.py)
+"""Does the held-out metric rank checkpoints as the task's own quality does? (issue 23, trainer/training/heldout.py)
 
 For each task (B1-B4 of the time-to-quality benchmark, its network, batch and learning rate), one training
 with the hold-out on (``heldout_share``, the trainer's split by episode), evaluated at a few checkpoints
-both ways: the held-out metrics, exactly as a run measures them (:class:`trainer.heldout.HeldOutEvaluator`
+both ways: the held-out metrics, exactly as a run measures them (:class:`trainer.training.heldout.HeldOutEvaluator`
 on the networks being trained), and the task's closed-loop (B2-B4) or open-loop (B1) evaluation through
 the engine's inference path at 8 Euler steps (:func:`benchmarks.time_to_quality.tasks.engine_policy`).
 Per task, the Spearman rank correlation over the checkpoints between each held-out metric (sign chosen
@@ -36,7 +36,7 @@ import torch
 from benchmarks.time_to_quality.run import commit, make_job
 from benchmarks.time_to_quality.tasks import TASKS, engine_policy
 from benchmarks.time_to_quality.variants import Variant
-from trainer.run import encode_networks
+from trainer.session.run import encode_networks
 
 __all__ = ["CHECKPOINTS", "QUALITY", "main", "spearman"]
 

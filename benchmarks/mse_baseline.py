@@ -8,7 +8,7 @@ What it shares with the flow-matching trainer, so that the comparison isolates t
 
 * network: the same MLP body; only the input width differs (``ObsDim`` instead of
   ``EncodedObsSize + ActDim + 1``, there is no x_t and no t);
-* data: the same action chunks (:func:`trainer.data.build_action_chunks`: every step starts a chunk, the
+* data: the same action chunks (:func:`trainer.training.data.build_action_chunks`: every step starts a chunk, the
   episode's last action is repeated past its end) and the same per-dimension standardisation of
   observations and of per-step actions (population statistics, std < 1e-6 -> 1, ``AutoPerDimension``);
 * optimisation: AdamW with amsgrad, the same learning rate, weight decay, batch size and iteration count;
@@ -35,14 +35,14 @@ from emulator.tasks import Demonstrations
 from protocol.engine.networks import DENOISER_SEED_SALT, mlp, network_rng
 from protocol.nne.layers import Denormalize, Layer, Linear, Sequence
 from protocol.nne.reference import evaluate
-from trainer.data import build_action_chunks
+from trainer.training.data import build_action_chunks
 
 __all__ = ["MIN_STD", "MsePolicy", "MseResult", "MseSettings", "train_mse_policy"]
 
 FloatArray = npt.NDArray[np.float32]
 
 MIN_STD = 1e-6
-"""A standard deviation below this is replaced by 1 (a constant feature), as in :mod:`trainer.data`."""
+"""A standard deviation below this is replaced by 1 (a constant feature), as in :mod:`trainer.training.data`."""
 
 _TORCH_ACTIVATIONS: dict[str, type[nn.Module]] = {"ELU": nn.ELU, "ReLU": nn.ReLU, "TanH": nn.Tanh}
 

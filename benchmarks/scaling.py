@@ -1,7 +1,7 @@
 """Scale-out benchmark: training samples/s of 1 process versus N data-parallel processes, and the
 all-reduce cost per iteration (``python benchmarks/scaling.py [--procs 2] [--configs default,large]``).
 
-What runs: the real :class:`~trainer.job.TrainingJob` on a synthetic recording (observations 32,
+What runs: the real :class:`~trainer.training.job.TrainingJob` on a synthetic recording (observations 32,
 actions 8, 4096 steps), one intra-op thread per process. N = 1 is the ordinary trainer (no process group);
 N ≥ 2 is ``torchrun --standalone --nproc-per-node N`` of this file with ``--worker``, each rank made a
 :class:`~trainer.distributed.DistributedTrainingJob` by :func:`~trainer.distributed.scale_out_job`
@@ -13,7 +13,7 @@ N ≥ 2 is ``torchrun --standalone --nproc-per-node N`` of this file with ``--wo
 * ``cores_ceiling``: N independent 1-process runs at once, ``Σ sps / (N · sps(1, B))``: what the machine
   gives N processes at all (shared or hyper-threaded cores), the ceiling of either efficiency here;
 * ``speedup_over_trainer``: ``sps(N) / sps(trainer)``, where ``trainer`` is one process as the trainer
-  really runs, with the intra-op thread count it chooses itself (:func:`trainer.run.choose_threads`: one
+  really runs, with the intra-op thread count it chooses itself (:func:`trainer.training.threads.choose_threads`: one
   thread for small networks, up to 8 for large ones). This is the question a user asks: is N processes
   faster than the one trainer using the same cores? The efficiencies above divide by a 1-thread process,
   which a large network's trainer never is.
@@ -51,8 +51,8 @@ from emulator.tasks import (  # noqa: E402
 )
 from protocol.snapshot import read_snapshot  # noqa: E402
 from trainer.distributed import DEFAULT_AGREE_EVERY  # noqa: E402
-from trainer.job import TrainingJob  # noqa: E402
-from trainer.options import TrainerOptions  # noqa: E402
+from trainer.settings.options import TrainerOptions  # noqa: E402
+from trainer.training.job import TrainingJob  # noqa: E402
 
 __all__ = ["CONFIGS", "BenchConfig", "main", "plan_rows"]
 
@@ -148,9 +148,9 @@ def time_steps(job: TrainingJob, warmup: int, steps: int) -> float:
 
 def trainer_threads(config: BenchConfig) -> int:
     """The intra-op thread count the trainer itself chooses for this network and batch."""
-    from trainer.run import choose_threads
+    from trainer.training.threads import choose_threads
 
-    return choose_threads(TrainerOptions(), config.batch_size * parameter_count(config))
+    return choose_threads(TrainerOptions().threads, config.batch_size * parameter_count(config))
 
 
 def single(config: BenchConfig, warmup: int, steps: int, threads: int = 1) -> dict[str, Any]:

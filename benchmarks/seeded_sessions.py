@@ -6,8 +6,9 @@ another activation, EMA off and another time distribution among them, and prints
 three networks each session ends with. Two commits that train the same way print the same table;
 ``--compare FILE`` checks against a saved run and exits 1 on any difference.
 
-Used for the layout redesign (moves only): ``benchmarks/results/seeded-sessions-*.json`` hold the table
-before and after it.
+Used for the layout redesign (moves only): ``benchmarks/results/seeded-sessions-{before,after}.json`` hold
+the table before and after it; ``seeded-sessions-{before,after}-29.json`` before and after issue 29 (``trainer/``
+regrouped by concern, one owner per engine fact, the long functions split into named steps).
 
     python benchmarks/seeded_sessions.py --out benchmarks/results/seeded-sessions-after.json \
         --compare benchmarks/results/seeded-sessions-before.json

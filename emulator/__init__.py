@@ -11,11 +11,11 @@ demo and the benchmarks exercise the trainer exactly as a game would:
   B1-B3 (data, experts, metrics), ``demo`` is ``la-trainer demo``, ``bench`` the speed bench.
 
 The rule: the engine side shares no code path with the trainer's training maths (no torch, no
-``trainer.steps``/``trainer.job``), so a bug there cannot hide by being made twice; only ``bench``, which
+``trainer.training.steps``/``trainer.training.job``), so a bug there cannot hide by being made twice; only ``bench``, which
 times the trainer's own step against a reference loop, imports them. What the engine
 itself defines (configs, the network builder, the export layout) comes from ``protocol`` and
 ``protocol.engine``, like the trainer's; the game side may use the trainer's transports
-(``trainer.transport``: regions, sockets) to move bytes, never to decide what the bytes mean. The trainer
+(``trainer.session.transport``: regions, sockets) to move bytes, never to decide what the bytes mean. The trainer
 never imports this package: ``la-trainer demo``/``bench`` are loaded by name.
 """
 

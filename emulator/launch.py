@@ -31,8 +31,8 @@ from pathlib import Path
 from types import TracebackType
 
 from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs, format_launch_argv
-from trainer.handover import ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE
-from trainer.runrecord import new_task_folder
+from protocol.names import ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE
+from trainer.records.runrecord import new_task_folder
 
 __all__ = [
     "DEFAULT_TASK_NAME",
@@ -131,7 +131,7 @@ class EngineLayout:
         )
         for path in (layout.intermediate_dir, layout.nne_cpu_path, layout.custom_trainer_path):
             path.mkdir(parents=True, exist_ok=True)
-        # The engine's own train.py, beside the NNE plugin where la-trainer looks for it (trainer.handover):
+        # The engine's own train.py, beside the NNE plugin where la-trainer looks for it (trainer.dropin.handover):
         # a stand-in that fails loudly, so a flow-matching session handed over by mistake cannot pass.
         layout.engine_train_py.parent.mkdir(parents=True, exist_ok=True)
         if not layout.engine_train_py.exists():

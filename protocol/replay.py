@@ -372,10 +372,6 @@ class ReplayLayout:
 
     # -- socket --------------------------------------------------------------------------------------
 
-    @property
-    def socket_header_size(self) -> int:
-        return SOCKET_HEADER_SIZE
-
     def socket_body_size(self, episode_num: int, step_num: int) -> int:
         """Bytes after the 16-byte SendExperience header for E episodes and S steps (§3)."""
         e, s = self._check_counts(episode_num, step_num)

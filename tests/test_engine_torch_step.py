@@ -42,7 +42,7 @@ def test_the_analysis_sees_every_direct_import_and_follows_own_modules() -> None
     direct = [f for f in suite_test_files() if DIRECT_TORCH_IMPORT.search(f.read_text(encoding="utf-8"))]
     assert direct, "no test file imports torch directly: the pattern is wrong"
     assert all(imports_torch(f) for f in direct), [str(f) for f in direct if not imports_torch(f)]
-    # Through trainer.normalization's own imports only, and never for the pure protocol tests.
+    # Through trainer.training.normalization's own imports only, and never for the pure protocol tests.
     normalization_tests = REPO_ROOT / "tests" / "trainer" / "test_normalization.py"
     assert not DIRECT_TORCH_IMPORT.search(normalization_tests.read_text(encoding="utf-8"))
     assert imports_torch(normalization_tests)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from trainer.cli import main
+from trainer.commands.cli import main
 from trainer.exitcodes import ExitCode
-from trainer.options import ALIASES, env_name, option_names
+from trainer.settings.options import ALIASES, env_name, experimental_options, option_names
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -22,6 +22,11 @@ def test_every_option_is_documented_with_its_environment_name() -> None:
         assert env_name(name) in README, f"{env_name(name)} is not in the README"
     for alias in ALIASES:
         assert env_name(alias) in README
+
+
+def test_the_options_table_marks_exactly_the_experimental_options() -> None:
+    marked = set(re.findall(r"^\| `([a-z_]+)`[^\n]*\| experimental: ", README, re.M))
+    assert marked == set(experimental_options())
 
 
 def test_every_exit_code_is_in_the_table() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from trainer.cli import main
+from trainer.commands.cli import main
 
 __all__: list[str] = []
 

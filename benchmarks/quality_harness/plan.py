@@ -14,7 +14,7 @@ from pathlib import Path
 
 from emulator.tasks import avoid, bimodal, pendulum
 from protocol.config import FlowMatchingTrainingSettings
-from trainer.options import TrainerOptions
+from trainer.settings.options import TrainerOptions
 
 __all__ = [
     "CURVE_NFE",
@@ -70,7 +70,7 @@ TABLE_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = {
 DEFAULT_TIME_DISTRIBUTIONS = ("uniform", "logit_normal:0,1", "beta:1,1.5", "power:2")
 """Compared training-time distributions (t = 0 noise, t = 1 data): SD3's logit-normal, a π0-like Beta
 skewed towards noise (mean 0.4) and a power skew towards noise (U², mean 1/3)."""
-DEFAULT_T = TrainerOptions().time_distribution
+DEFAULT_T = str(TrainerOptions().time_distribution)
 """The trainer's default t distribution: every main row trains with it."""
 CURVE_NFE = 8
 """The engine's default ODEStepsNum: the NFE of the learning curves and of the target checks."""

@@ -1,6 +1,6 @@
 """Time-to-quality benchmark: how many iterations (and seconds) a policy needs to reach each target.
 
-For every task and seed the trainer's own :class:`trainer.job.TrainingJob` (the code the trainer process
+For every task and seed the trainer's own :class:`trainer.training.job.TrainingJob` (the code the trainer process
 runs, stepped in this process) is trained **once**, and the networks it would send at each evaluation
 point are exported, encoded as snapshots, read back and scored through the engine's inference path
 (:class:`emulator.inference.EnginePolicy`: encoder -> 8 explicit Euler steps from N(0, I) -> decoder).

@@ -13,7 +13,7 @@ there. This module runs that sampler directly, with no network: at every call ea
 demonstration state uniformly among those within ``resolution`` of its position (the nearest one where
 none is that close) and executes the first 4 of the 8 demonstrated actions from that state, padded past
 the episode's end by repeating its last action as the trainer's chunks are
-(:func:`trainer.data.build_action_chunks`). The same 200 demonstrations of the training seed, the same
+(:func:`trainer.training.data.build_action_chunks`). The same 200 demonstrations of the training seed, the same
 evaluation starts (:func:`emulator.tasks.avoid.evaluate_policy`) as the benchmark's B2 rows.
 
 Why it is below the expert's route entropy (about 0.995): where demonstrated routes cross or run close, a
@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from emulator.tasks import Demonstrations, FloatArray, avoid, bimodal, task_rng
-from trainer.data import build_action_chunks
+from trainer.training.data import build_action_chunks
 
 __all__ = [
     "CEILING_RESOLUTIONS",

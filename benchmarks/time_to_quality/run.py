@@ -1,10 +1,10 @@
 """One training of one task, seed and variant, evaluated along the way: one JSON line of raw results.
 
-The job is the trainer's own :class:`trainer.job.TrainingJob`, built from the configs and initial networks
+The job is the trainer's own :class:`trainer.training.job.TrainingJob`, built from the configs and initial networks
 the engine would send (:func:`protocol.engine.configs.build_engine_session`: EmbedNormalizationsInWeights
 true, CPU, ``Seed = 1234 + seed``, the engine's weight decay) and stepped with :meth:`TrainingJob.step`,
 as the trainer process steps it. At each evaluation point the networks it would send are exported,
-encoded as snapshots in the received headers (:func:`trainer.run.encode_networks`, what a sync round
+encoded as snapshots in the received headers (:func:`trainer.session.run.encode_networks`, what a sync round
 sends) and scored through the engine's inference path (:func:`~.tasks.engine_policy`). The seconds
 counted are those of the iterations only (building the job and evaluating are left out).
 """
@@ -32,10 +32,10 @@ from protocol.config import FlowMatchingSettings, FlowMatchingTrainingSettings, 
 from protocol.engine.configs import build_engine_session
 from protocol.snapshot import Snapshot, read_snapshot
 from trainer.errors import Diverged
-from trainer.job import TrainingJob
-from trainer.options import TrainerOptions
-from trainer.run import encode_networks
-from trainer.steps.autograd import make_optimizer
+from trainer.session.run import encode_networks
+from trainer.settings.options import TrainerOptions
+from trainer.training.job import TrainingJob
+from trainer.training.steps.autograd import make_optimizer
 
 __all__ = ["SEED_OFFSET", "commit", "evaluation_points", "make_job", "train_and_evaluate"]
 

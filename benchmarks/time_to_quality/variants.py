@@ -1,5 +1,5 @@
 """The training settings the benchmark compares: the trainer's default, an engine-style loop, and the
-rows of the ablation, each as :class:`trainer.options.TrainerOptions` values (the trainer's own knobs,
+rows of the ablation, each as :class:`trainer.settings.options.TrainerOptions` values (the trainer's own knobs,
 so every row is something a user can set in ``la-trainer.json``).
 
 :data:`TRAINING_KNOBS` lists the options that change the training maths; :data:`ENGINE_LOOP` sets every
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
-from trainer.options import TrainerOptions
+from trainer.settings.options import TrainerOptions, options_json, parse_option
 
 __all__ = [
     "DEFAULT",
@@ -93,8 +93,8 @@ class Variant:
 
     def settings(self) -> dict[str, object]:
         """Every training knob's value in this variant (what a result row records)."""
-        options = self.trainer_options(TrainerOptions())
-        out: dict[str, object] = {name: getattr(options, name) for name in sorted(TRAINING_KNOBS)}
+        values = options_json(self.trainer_options(TrainerOptions()))
+        out: dict[str, object] = {name: values[name] for name in sorted(TRAINING_KNOBS)}
         out["freeze_encoder"] = self.freeze_encoder
         return out
 
@@ -121,5 +121,10 @@ def parse_variant(text: str) -> Variant:
         if key not in known:
             raise ValueError(f"variant {name!r}: unknown option {key!r}")
         default = getattr(TrainerOptions(), key)
-        overrides[key] = type(default)(value) if not isinstance(default, bool) else value == "true"
+        if isinstance(default, bool):
+            overrides[key] = value == "true"
+        elif isinstance(default, int | float | str):
+            overrides[key] = type(default)(value)
+        else:  # an option value with a grammar of its own (time_distribution): checked, kept as text
+            overrides[key] = str(parse_option(key, value, f"variant {name!r}"))
     return Variant(name, overrides)

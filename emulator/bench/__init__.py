@@ -12,7 +12,7 @@ the median of ``--repeats`` runs, contenders interleaved so that load changes hi
 
 What is measured and the targets: :mod:`emulator.bench.config`; the synthetic data, session and job:
 :mod:`emulator.bench.workload`; the whole run: :mod:`emulator.bench.run`; summary, targets and tables:
-:mod:`emulator.bench.report`; the click command (loaded by name by ``trainer.cli``):
+:mod:`emulator.bench.report`; the click command (loaded by name by ``trainer.commands.cli``):
 :mod:`emulator.bench.command`.
 
 The speed bench lives in the installed game-side package, not in ``benchmarks/``, so that

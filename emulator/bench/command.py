@@ -11,7 +11,7 @@ import click
 from emulator.bench.config import SECTIONS, TRAIN_CONFIGS, TRAIN_ROWS, TRANSPORTS, BenchSettings
 from emulator.bench.report import format_report
 from emulator.bench.run import run_bench
-from trainer.app import use_utf8_output
+from trainer.system.console import use_utf8_output
 
 __all__ = ["bench_command"]
 
@@ -122,7 +122,7 @@ def bench_command(
       la-trainer bench --ingest-mb 64 --repeats 3 --json /tmp/bench.json
     """
     # Everything printed here is ASCII; a quoted path need not be: escaped, never a UnicodeEncodeError on a
-    # cp1252 console (as the trainer's own output, trainer.app.use_utf8_output).
+    # cp1252 console (as the trainer's own output, trainer.system.console.use_utf8_output).
     use_utf8_output()
     settings = BenchSettings(
         sections=_names(sections, SECTIONS, "section"),

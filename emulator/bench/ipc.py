@@ -1,14 +1,14 @@
 """The engine side of sections 2, 4 and 5 of ``la-trainer bench``: ingest, sync and peak RSS per transport.
 
 The engine side runs in this process against the trainer side in one worker process
-(:mod:`emulator.bench.worker`), over the real :mod:`trainer.links` links and the emulator's
+(:mod:`emulator.bench.worker`), over the real :mod:`trainer.session.links` links and the emulator's
 :mod:`emulator.game` halves:
 
 2. **Ingest** of a ``--ingest-mb`` replay buffer over shared memory and over the socket, against a memcpy
    of the same bytes and a raw loopback transfer, in the same processes. Time = from the engine posting
    the buffer (shm) or starting to send it (socket) to ``receive_experience`` returning in the worker
    (one system-wide monotonic clock). The shm trainer pre-faults its copy-out target while it waits
-   (:mod:`trainer.transport.staging`); the engine side writes the buffer only after the trainer says it
+   (:mod:`trainer.session.transport.staging`); the engine side writes the buffer only after the trainer says it
    is waiting, so that work races the engine's write here as it does in a real session (where the engine
    also writes into fresh regions, slower than the warm ones reused by these repeats, so staging usually
    finishes there).

@@ -1,8 +1,8 @@
 """Section 1 of ``la-trainer bench``: training iterations/s against a reference loop and the roofline.
 
 Per configuration of :data:`~emulator.bench.config.TRAIN_CONFIGS`, the contenders are ``ours`` (what
-:class:`trainer.job.TrainingJob` runs, with the thread count the trainer picks), ``autograd``
-(:func:`trainer.steps.autograd.train_step`, the readable reference) and ``reference``: the loop a public
+:class:`trainer.training.job.TrainingJob` runs, with the thread count the trainer picks), ``autograd``
+(:func:`trainer.training.steps.autograd.train_step`, the readable reference) and ``reference``: the loop a public
 flow-matching example would write (``nn.Sequential``, ``torch.optim.AdamW`` with the same hyperparameters
 and amsgrad, per-step sampling, no EMA), timed at torch's default thread count and on one thread: the
 headline ``ours_over_reference`` takes the reference at the faster of the two in the same run (the
@@ -29,23 +29,22 @@ from emulator.bench.workload import make_job
 if TYPE_CHECKING:
     import torch
 
-    from trainer.job import TrainingJob
+    from trainer.training.job import TrainingJob
 
 __all__ = ["measure_train_section", "measure_training"]
 
 
 def _trainer_threads(cfg: TrainConfig, override: int) -> int:
     """The intra-op thread count the trainer would use for ``cfg`` (its own heuristic)."""
-    from trainer.options import TrainerOptions
-    from trainer.run import choose_threads  # the trainer's own choice: measure what it does
+    from trainer.training.threads import choose_threads  # the trainer's own choice: measure what it does
 
     params = sum(a * b + b for a, b in itertools.pairwise(cfg.layer_widths))
-    return choose_threads(TrainerOptions(threads=override), cfg.batch_size * params)
+    return choose_threads(override, cfg.batch_size * params)
 
 
 def _our_step(job: TrainingJob) -> Callable[[int], None]:
     """The production step: :meth:`TrainingJob.step` (the fused step where it applies, see
-    :mod:`trainer.steps.fused`), loss smoothing included."""
+    :mod:`trainer.training.steps.fused`), loss smoothing included."""
 
     def step(i: int) -> None:
         job.step(i)
@@ -54,7 +53,7 @@ def _our_step(job: TrainingJob) -> Callable[[int], None]:
 
 
 def _autograd_step(job: TrainingJob) -> Callable[[int], None]:
-    from trainer.steps.autograd import train_step
+    from trainer.training.steps.autograd import train_step
 
     noise = job.config.trainer.training.observation_noise_scale
 
@@ -230,10 +229,10 @@ def measure_training(cfg: TrainConfig, settings: BenchSettings, device: torch.de
     other = cores if ours_threads == 1 else 1
     if device.type == "cpu" and other != ours_threads:
         contenders[f"ours_{other}_threads"] = (_our_step(make_job(cfg, settings.train_rows, device)), other)
-    from trainer.steps.compiled import compile_unavailable
+    from trainer.training.steps.compiled import compile_unavailable
 
     if compile_unavailable(device) is None:
-        # The fused step torch.compile-d (trainer.steps.compiled, option compile=on); the first call compiles
+        # The fused step torch.compile-d (trainer.training.steps.compiled, option compile=on); the first call compiles
         # during the warm-up, so the timed runs see the compiled code only.
         contenders["ours_compiled"] = (
             _our_step(make_job(cfg, settings.train_rows, device, compile_step=True)),

@@ -112,10 +112,13 @@ def _worker_session(transport: str, spec: Mapping[str, Any]) -> None:
     import torch
 
     from protocol.snapshot import read_snapshot
-    from trainer.job import TrainingJob
-    from trainer.links import ShmTrainerLink, SocketTrainerLink
-    from trainer.options import TrainerOptions
-    from trainer.run import SyncRounds, encode_networks  # the loop's own encode and send: measure those
+    from trainer.session.links import ShmTrainerLink, SocketTrainerLink
+    from trainer.session.run import (  # the loop's own encode and send: measure those
+        SyncRounds,
+        encode_networks,
+    )
+    from trainer.settings.options import TrainerOptions
+    from trainer.training.job import TrainingJob
 
     repeats, nbytes = int(spec["repeats"]), int(spec["nbytes"])
     raw_server: socket.socket | None = None

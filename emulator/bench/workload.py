@@ -1,5 +1,5 @@
 """The bench's synthetic workload: a replay buffer, the session the engine would send for it, and the
-:class:`~trainer.job.TrainingJob` the trainer would build from both.
+:class:`~trainer.training.job.TrainingJob` the trainer would build from both.
 
 Torch and the trainer are imported inside the functions: the IPC worker imports this package and times
 its own ``import torch`` (:mod:`emulator.bench.worker`), and ``la-trainer bench --help`` stays quick.
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from protocol.config import SessionConfig
     from protocol.replay import ReplayBuffer
-    from trainer.job import TrainingJob
+    from trainer.training.job import TrainingJob
 
 __all__ = ["make_job", "quiet", "session_for", "synthetic_replay"]
 
@@ -76,8 +76,8 @@ def make_job(
 ) -> TrainingJob:
     """A real :class:`TrainingJob` for ``cfg`` on synthetic data (what the trainer builds)."""
     from protocol.snapshot import read_snapshot
-    from trainer.job import TrainingJob
-    from trainer.options import TrainerOptions
+    from trainer.settings.options import TrainerOptions
+    from trainer.training.job import TrainingJob
 
     replay = synthetic_replay(rows, seed)
     config, snapshots = session_for(replay, cfg)

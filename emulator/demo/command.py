@@ -15,7 +15,7 @@ from emulator.demo.plan import DEFAULT_TIME_LIMIT_S, make_plan
 from emulator.demo.report import results_table_text
 from emulator.demo.run import run_demo
 from emulator.demo.training import ProgressLine
-from trainer.runrecord import check_output_folder
+from trainer.records.runrecord import check_output_folder
 
 __all__ = ["DEFAULT_OUT_DIR", "Console", "demo_command"]
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from emulator.demo.figure import Trajectories
 from emulator.demo.plan import EVALUATION_SEED, DemoPlan
-from emulator.demo.report import Trajectories
 from emulator.inference import EnginePolicy
 from emulator.tasks import avoid, task_rng
 

@@ -12,19 +12,114 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
-from emulator.tasks.avoid import GAPS, GOAL_Y, MODE_NAMES, OBSTACLES
-from trainer.report import PLOTS_INSTALL_HINT, draw_loss_panel
+from emulator.tasks import Demonstrations
+from emulator.tasks.avoid import ACT_DIM, GAPS, GOAL_Y, MAX_SPEED, MODE_NAMES, OBSTACLES, Rollouts, rollout
+from trainer.commands.report import PLOTS_INSTALL_HINT, draw_loss_panel
 
-if TYPE_CHECKING:
-    # Annotations only: the report module imports this one to draw its figure.
-    from emulator.demo.report import DemoReport, Trajectories
+__all__ = ["PLOTS_INSTALL_HINT", "FigureSource", "PlottingUnavailable", "Trajectories", "render_figure"]
 
-__all__ = ["PLOTS_INSTALL_HINT", "PlottingUnavailable", "render_figure"]
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Trajectories:
+    """Episodes to draw, in world units.
+
+    ``paths[i]``: float32 ``(T_i + 1, 2)`` positions from the start to the final position;
+    ``routes[i]``: the route (mode index into :data:`MODE_NAMES`) of a successful episode, −1 otherwise;
+    ``collided[i]``: the episode ended on an obstacle.
+    """
+
+    paths: tuple[FloatArray, ...]
+    routes: npt.NDArray[np.int64]
+    collided: npt.NDArray[np.bool_]
+
+    def __post_init__(self) -> None:
+        n = len(self.paths)
+        if self.routes.shape != (n,) or self.collided.shape != (n,):
+            raise ValueError(
+                f"{n} paths but routes {self.routes.shape} and collided {self.collided.shape} (expected ({n},))"
+            )
+        for i, path in enumerate(self.paths):
+            if path.ndim != 2 or path.shape[1] != 2 or path.shape[0] < 1:
+                raise ValueError(f"path {i} has shape {path.shape}, expected (T + 1, 2)")
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @classmethod
+    def from_rollouts(cls, result: Rollouts, limit: int | None = None) -> Trajectories:
+        """Recorded rollouts (``rollout(..., record=True)``), the first ``limit`` of them: each agent's
+        observed positions plus the position its last action led to."""
+        n = len(result.observations)
+        if n == 0:
+            raise ValueError("the rollouts were not recorded (rollout(..., record=True))")
+        count = n if limit is None else min(limit, n)
+        paths = []
+        for obs, act in zip(result.observations[:count], result.actions[:count], strict=True):
+            final = obs[-1] + np.float32(MAX_SPEED) * act[-1]
+            paths.append(np.vstack([obs, final[None, :]]).astype(np.float32))
+        ok = result.success & (result.side >= 0) & (result.gap >= 0)
+        routes = np.where(ok, result.side.astype(np.int64) * len(GAPS) + result.gap, -1).astype(np.int64)
+        return cls(tuple(paths), routes[:count], result.collided[:count].copy())
+
+    @classmethod
+    def from_demonstrations(cls, demos: Demonstrations) -> Trajectories:
+        """Recorded expert episodes with their routes.
+
+        Demonstrations do not store their route, so each episode's actions are replayed open loop through
+        the same world (:func:`emulator.tasks.avoid.rollout`) from its first observation: the
+        task's own crossing rules classify it, rather than a second copy of them here.
+        """
+        longest = max(int(obs.shape[0]) for obs, _ in demos.episodes)
+        actions = np.zeros((demos.episode_num, longest, ACT_DIM), np.float32)
+        for i, (_, act) in enumerate(demos.episodes):
+            actions[i, : act.shape[0]] = act
+        starts = np.stack([obs[0] for obs, _ in demos.episodes]).astype(np.float64)
+        step = 0
+
+        def replay(idx: npt.NDArray[np.intp], obs: FloatArray) -> FloatArray:
+            # Every live agent is on the same step: rollout advances them in lockstep.
+            nonlocal step
+            chunk: FloatArray = actions[idx, min(step, longest - 1)]
+            step += 1
+            return chunk
+
+        return cls.from_rollouts(rollout(replay, starts, record=True))
+
+    def route_counts(self) -> npt.NDArray[np.int64]:
+        """How many episodes took each route, ``(len(MODE_NAMES),)``."""
+        ok = self.routes[self.routes >= 0]
+        counts: npt.NDArray[np.int64] = np.bincount(ok, minlength=len(MODE_NAMES)).astype(np.int64)
+        return counts
+
+
+class FigureSource(Protocol):
+    """What the figure shows (:class:`emulator.demo.report.DemoReport` is one): the two trajectory
+    panels with their titles, the loss curve with the training facts, and the title."""
+
+    @property
+    def expert(self) -> Trajectories: ...
+    @property
+    def expert_label(self) -> str: ...
+    @property
+    def policy(self) -> Trajectories: ...
+    @property
+    def policy_label(self) -> str: ...
+    @property
+    def loss_curve(self) -> Sequence[tuple[int, float]]: ...
+    @property
+    def training(self) -> Mapping[str, Any]: ...
+    @property
+    def title(self) -> str: ...
+
 
 _ROUTE_COLOURS = ("#1f77b4", "#17becf", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd")
 """One colour per route (mode index order of :data:`MODE_NAMES`): blues/green for the left side of the
@@ -129,7 +224,7 @@ def _draw_loss(ax: Any, curve: Sequence[tuple[int, float]], training: Mapping[st
     reached = isinstance(distill, int) and not (isinstance(done, int) and done < distill)
     start = distill if reached and isinstance(distill, int) else None
     # From ``start`` on the trainer prints the few-step distillation loss: another objective on another
-    # scale, so it is its own series (trainer.report's loss panel, the one ``la-trainer report`` draws).
+    # scale, so it is its own series (trainer.commands.report's loss panel, the one ``la-trainer report`` draws).
     series = {
         "flow_matching": [p for p in points if start is None or p[0] < start],
         "distillation": [p for p in points if start is not None and p[0] >= start],
@@ -143,7 +238,7 @@ def _draw_loss(ax: Any, curve: Sequence[tuple[int, float]], training: Mapping[st
         _marker(ax, done, 0.98 if start is None else 0.85, f"stopped: {stopped}", "#d62728", "--", "top")
 
 
-def render_figure(report: DemoReport, path: Path) -> None:
+def render_figure(report: FigureSource, path: Path) -> None:
     """Draw the three panels into ``path`` (PNG). Raises :class:`PlottingUnavailable` without matplotlib."""
     plt = _import_pyplot(path.name)
     fig, axes = plt.subplots(1, 3, figsize=_FIGURE_SIZE_IN, gridspec_kw={"width_ratios": [1, 1, 1.15]})

@@ -27,9 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from emulator.demo.figure import PlottingUnavailable, render_figure
-from emulator.tasks import Demonstrations
-from emulator.tasks.avoid import ACT_DIM, GAPS, MAX_SPEED, MODE_NAMES, Rollouts, rollout
+from emulator.demo.figure import PlottingUnavailable, Trajectories, render_figure
+from emulator.tasks.avoid import MODE_NAMES
 
 __all__ = [
     "FIGURE_FILE_NAME",
@@ -38,7 +37,6 @@ __all__ = [
     "DemoReport",
     "ReportFiles",
     "ResultRow",
-    "Trajectories",
     "render_markdown",
     "report_json",
     "results_table_markdown",
@@ -51,79 +49,6 @@ FIGURE_FILE_NAME = "report.png"
 JSON_FILE_NAME = "metrics.json"
 
 FloatArray = npt.NDArray[np.float32]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Trajectories:
-    """Episodes to draw, in world units.
-
-    ``paths[i]``: float32 ``(T_i + 1, 2)`` positions from the start to the final position;
-    ``routes[i]``: the route (mode index into :data:`MODE_NAMES`) of a successful episode, −1 otherwise;
-    ``collided[i]``: the episode ended on an obstacle.
-    """
-
-    paths: tuple[FloatArray, ...]
-    routes: npt.NDArray[np.int64]
-    collided: npt.NDArray[np.bool_]
-
-    def __post_init__(self) -> None:
-        n = len(self.paths)
-        if self.routes.shape != (n,) or self.collided.shape != (n,):
-            raise ValueError(
-                f"{n} paths but routes {self.routes.shape} and collided {self.collided.shape} (expected ({n},))"
-            )
-        for i, path in enumerate(self.paths):
-            if path.ndim != 2 or path.shape[1] != 2 or path.shape[0] < 1:
-                raise ValueError(f"path {i} has shape {path.shape}, expected (T + 1, 2)")
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    @classmethod
-    def from_rollouts(cls, result: Rollouts, limit: int | None = None) -> Trajectories:
-        """Recorded rollouts (``rollout(..., record=True)``), the first ``limit`` of them: each agent's
-        observed positions plus the position its last action led to."""
-        n = len(result.observations)
-        if n == 0:
-            raise ValueError("the rollouts were not recorded (rollout(..., record=True))")
-        count = n if limit is None else min(limit, n)
-        paths = []
-        for obs, act in zip(result.observations[:count], result.actions[:count], strict=True):
-            final = obs[-1] + np.float32(MAX_SPEED) * act[-1]
-            paths.append(np.vstack([obs, final[None, :]]).astype(np.float32))
-        ok = result.success & (result.side >= 0) & (result.gap >= 0)
-        routes = np.where(ok, result.side.astype(np.int64) * len(GAPS) + result.gap, -1).astype(np.int64)
-        return cls(tuple(paths), routes[:count], result.collided[:count].copy())
-
-    @classmethod
-    def from_demonstrations(cls, demos: Demonstrations) -> Trajectories:
-        """Recorded expert episodes with their routes.
-
-        Demonstrations do not store their route, so each episode's actions are replayed open loop through
-        the same world (:func:`emulator.tasks.avoid.rollout`) from its first observation: the
-        task's own crossing rules classify it, rather than a second copy of them here.
-        """
-        longest = max(int(obs.shape[0]) for obs, _ in demos.episodes)
-        actions = np.zeros((demos.episode_num, longest, ACT_DIM), np.float32)
-        for i, (_, act) in enumerate(demos.episodes):
-            actions[i, : act.shape[0]] = act
-        starts = np.stack([obs[0] for obs, _ in demos.episodes]).astype(np.float64)
-        step = 0
-
-        def replay(idx: npt.NDArray[np.intp], obs: FloatArray) -> FloatArray:
-            # Every live agent is on the same step: rollout advances them in lockstep.
-            nonlocal step
-            chunk: FloatArray = actions[idx, min(step, longest - 1)]
-            step += 1
-            return chunk
-
-        return cls.from_rollouts(rollout(replay, starts, record=True))
-
-    def route_counts(self) -> npt.NDArray[np.int64]:
-        """How many episodes took each route, ``(len(MODE_NAMES),)``."""
-        ok = self.routes[self.routes >= 0]
-        counts: npt.NDArray[np.int64] = np.bincount(ok, minlength=len(MODE_NAMES)).astype(np.int64)
-        return counts
 
 
 @dataclass(frozen=True, slots=True)

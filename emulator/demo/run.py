@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emulator.demo.evaluation import Evaluation, evaluate_networks
+from emulator.demo.figure import Trajectories
 from emulator.demo.plan import DEFAULT_TIME_LIMIT_S, EVALUATION_SEED, DemoPlan
-from emulator.demo.report import DemoReport, ReportFiles, ResultRow, Trajectories, write_report
+from emulator.demo.report import DemoReport, ReportFiles, ResultRow, write_report
 from emulator.demo.training import TrainingMonitor, TrainingRun, train_over_shared_memory
 from emulator.session import EngineTask
 from emulator.tasks import Demonstrations, avoid
-from trainer.transport.liveness import process_watch
+from trainer.system.liveness import process_watch
 
 __all__ = ["DemoOutcome", "record_demonstrations", "run_demo"]
 
@@ -132,7 +133,7 @@ def sweep_stale_work_folders(
     root: Path, alive: Callable[[int], bool] = lambda pid: process_watch(pid)()
 ) -> list[Path]:
     """Remove the scratch folders under ``root`` of demos whose process is gone (a demo killed with SIGKILL
-    cannot remove its own; the trainer it spawned unlinks the shared memory, trainer/links/shm.py), and
+    cannot remove its own; the trainer it spawned unlinks the shared memory, trainer/session/links/shm.py), and
     return them. Folders of running demos, and of this process, stay."""
     removed = []
     for folder in sorted(root.glob(f"{WORK_PREFIX}*")):

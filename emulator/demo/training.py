@@ -61,10 +61,10 @@ _PROGRESS_RE = re.compile(
     r"train: iteration (?P<iteration>\d+)/(?P<total>\d+) \([^)]*\) loss (?P<loss>\S+) "
     r"(?P<rate>[\d,.]+) it/s"
 )
-"""The trainer's plain progress line (:class:`trainer.progress.ProgressReporter`), e.g.
+"""The trainer's plain progress line (:class:`trainer.records.progress.ProgressReporter`), e.g.
 ``train: iteration 1200/4000 (30.0%) loss 0.41234 1,850 it/s eta 2s syncs 3``."""
 _DISTILL_RE = re.compile(r"distilling for \d+ Euler step\(s\) from iteration (?P<start>\d+)")
-"""The trainer's announcement of its few-step distillation phase (trainer/job.py): from that
+"""The trainer's announcement of its few-step distillation phase (trainer/training/job.py): from that
 iteration on, the loss it prints is the distillation loss, on another scale."""
 
 
@@ -132,7 +132,7 @@ class TrainingRun:
 
 
 def _trainer_env(plan: DemoPlan) -> dict[str, str]:
-    """The user's environment plus the demo's trainer knobs (trainer/options.py)."""
+    """The user's environment plus the demo's trainer knobs (trainer/settings/options.py)."""
     env = dict(os.environ)
     env.update(
         {

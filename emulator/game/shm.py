@@ -48,7 +48,7 @@ from protocol.controls import CONTROL_BLOCK_BYTES, Control, GameControls, read_c
 from protocol.errors import ControlError, GuidError
 from protocol.guid import Guid, os_shm_name, parse_guid, platform_guid_string
 from protocol.replay import ReplayBuffer, ReplayLayout
-from trainer.transport.shm import SharedRegion, region_exists
+from trainer.session.transport.shm import SharedRegion, region_exists
 
 __all__ = ["ShmGame"]
 

@@ -46,7 +46,7 @@ from protocol.config import SessionConfig
 from protocol.controls import Control
 from protocol.guid import format_guid, new_guid, os_shm_name, platform_guid_string
 from protocol.snapshot import read_snapshot_header
-from trainer.transport.shm import region_exists
+from trainer.session.transport.shm import region_exists
 
 __all__ = ["run_engine_session"]
 

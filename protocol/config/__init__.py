@@ -32,7 +32,6 @@ from protocol.config.data import data_config_to_json, parse_data_config
 from protocol.config.json_text import MAX_JSON_DEPTH, dump_json, engine_json_bytes, parse_json
 from protocol.config.model import (
     ACTIVATION_FUNCTIONS,
-    FLOW_MATCHING_NETWORK_IDS,
     model_config_to_json,
     parse_model_config,
 )
@@ -69,7 +68,6 @@ __all__ = [
     "ACTIVATION_FUNCTIONS",
     "DATA_KEYS",
     "DEVICES",
-    "FLOW_MATCHING_NETWORK_IDS",
     "MAX_JSON_DEPTH",
     "MODEL_KEYS",
     "DataConfig",

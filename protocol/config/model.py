@@ -24,14 +24,10 @@ from protocol.snapshot import HEADER_BYTES
 
 __all__ = [
     "ACTIVATION_FUNCTIONS",
-    "FLOW_MATCHING_NETWORK_IDS",
     "model_config_to_json",
     "parse_model_config",
     "read_model",
 ]
-
-FLOW_MATCHING_NETWORK_IDS = (0, 1, 2)
-"""Denoiser, encoder, decoder: fixed by the engine's AddNetwork order (§4.3)."""
 
 ACTIVATION_FUNCTIONS = ("ELU", "ReLU", "TanH", "GELU")
 """The ``FlowMatchingSettings.ActivationFunction`` values the engine offers (§4.3)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from protocol.config.data import data_config_to_json, read_data
 from protocol.config.fields import ParseContext
-from protocol.config.model import FLOW_MATCHING_NETWORK_IDS, read_model
+from protocol.config.model import read_model
 from protocol.config.trainer import read_trainer, trainer_config_to_json
 from protocol.config.values import (
     DATA_KEYS,
@@ -29,6 +29,7 @@ from protocol.config.values import (
 )
 from protocol.errors import ConfigError
 from protocol.json_fields import json_object
+from protocol.names import FLOW_MATCHING, NetworkId
 
 __all__ = ["session_from_files", "session_from_shared_memory", "session_from_socket", "socket_config_to_json"]
 
@@ -140,15 +141,15 @@ def _cross_check(
                 field=f"{p}.OutputSchemaId",
                 actual=net.output_schema_id,
             )
-    if trainer.trainer_method == "FlowMatching":
+    if trainer.trainer_method == FLOW_MATCHING:
         ids = [n.id for n in model.networks]
-        missing = [i for i in FLOW_MATCHING_NETWORK_IDS if i not in ids]
+        missing = [int(i) for i in NetworkId if i not in ids]
         if missing:
             raise ConfigError(
                 f"{model_ctx.where('Networks')} lacks the flow-matching network ids {missing} "
-                "(0 denoiser, 1 encoder, 2 decoder)",
+                f"({', '.join(f'{int(n)} {n.role}' for n in NetworkId)})",
                 field="Networks",
-                expected=list(FLOW_MATCHING_NETWORK_IDS),
+                expected=[int(n) for n in NetworkId],
                 actual=ids,
             )
         # One replay buffer with one observation and one action stream (§2.2).

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol.errors import ConfigError
+from protocol.names import FLOW_MATCHING
 from protocol.schema import SchemaNode
 
 __all__ = [
@@ -68,7 +69,7 @@ class FlowMatchingTrainingSettings:
 class TrainerConfig:
     """The trainer config (§4.1). ``temp_directory`` is None where the transport does not send it (socket)."""
 
-    trainer_method: str = "FlowMatching"
+    trainer_method: str = FLOW_MATCHING
     time_stamp: str = ""
     training: FlowMatchingTrainingSettings = field(default_factory=FlowMatchingTrainingSettings)
     embed_normalizations_in_weights: bool = False

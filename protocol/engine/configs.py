@@ -32,19 +32,16 @@ from protocol.config import (
     TrainerConfig,
 )
 from protocol.engine.networks import build_flow_matching_networks
+from protocol.names import NetworkId
 from protocol.replay import ReplayBuffer
 from protocol.schema import parse_schema
 
 __all__ = [
-    "NETWORK_NAMES",
     "SCHEMA_NAME",
     "EngineSession",
     "build_engine_session",
     "format_time_stamp",
 ]
-
-NETWORK_NAMES = ("Denoiser", "Encoder", "Decoder")
-"""Names of networks 0, 1, 2. The engine sends its network assets' short names (§4.3); these stand in."""
 
 SCHEMA_NAME = "Default"
 """Name of the one observation and the one action schema entry (§4.2)."""
@@ -112,9 +109,14 @@ def build_engine_session(
     )
     model = ModelConfig(
         networks=(
-            NetworkConfig(0, NETWORK_NAMES[0], len(snapshots[0])),
-            NetworkConfig(1, NETWORK_NAMES[1], len(snapshots[1]), input_schema_id=0),
-            NetworkConfig(2, NETWORK_NAMES[2], len(snapshots[2]), output_schema_id=0),
+            # The engine sends its network assets' short names (§4.3); the roles' titles stand in.
+            NetworkConfig(int(NetworkId.DENOISER), NetworkId.DENOISER.title, len(snapshots[0])),
+            NetworkConfig(
+                int(NetworkId.ENCODER), NetworkId.ENCODER.title, len(snapshots[1]), input_schema_id=0
+            ),
+            NetworkConfig(
+                int(NetworkId.DECODER), NetworkId.DECODER.title, len(snapshots[2]), output_schema_id=0
+            ),
         ),
         flow_matching=flow_matching,
     )

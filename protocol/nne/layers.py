@@ -61,7 +61,6 @@ __all__ = [
     "TanH",
     "Tile",
     "U16Array",
-    "children",
 ]
 
 FloatArray: TypeAlias = npt.NDArray[np.float32]
@@ -388,117 +387,64 @@ class MultiLinear:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class ReLU:
-    """y = max(x, 0). Fields: u Size."""
+class _Elementwise:
+    """The element-wise layers below: one field, u Size, and ``size`` values in and out. Each subclass is
+    one row of the table: its name, its type id and its formula."""
 
     size: int
+
+    def __post_init__(self) -> None:
+        _check_size(f"{type(self).__name__}.size", self.size)
+
+    @property
+    def input_size(self) -> int:
+        return self.size
+
+    @property
+    def output_size(self) -> int:
+        return self.size
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ReLU(_Elementwise):
+    """y = max(x, 0)."""
+
     type_id = LayerType.RELU
 
-    def __post_init__(self) -> None:
-        _check_size("ReLU.size", self.size)
-
-    @property
-    def input_size(self) -> int:
-        return self.size
-
-    @property
-    def output_size(self) -> int:
-        return self.size
-
 
 @dataclass(frozen=True, slots=True, eq=False)
-class ELU:
-    """y = x if x > 0 else exp(x) − 1 (alpha 1). Fields: u Size."""
+class ELU(_Elementwise):
+    """y = x if x > 0 else exp(x) − 1 (alpha 1)."""
 
-    size: int
     type_id = LayerType.ELU
 
-    def __post_init__(self) -> None:
-        _check_size("ELU.size", self.size)
-
-    @property
-    def input_size(self) -> int:
-        return self.size
-
-    @property
-    def output_size(self) -> int:
-        return self.size
-
 
 @dataclass(frozen=True, slots=True, eq=False)
-class TanH:
-    """y = tanh(x). Fields: u Size."""
+class TanH(_Elementwise):
+    """y = tanh(x)."""
 
-    size: int
     type_id = LayerType.TANH
 
-    def __post_init__(self) -> None:
-        _check_size("TanH.size", self.size)
-
-    @property
-    def input_size(self) -> int:
-        return self.size
-
-    @property
-    def output_size(self) -> int:
-        return self.size
-
 
 @dataclass(frozen=True, slots=True, eq=False)
-class GELU:
-    """y = x · sigmoid(1.702 x) (the engine's sigmoid approximation). Fields: u Size."""
+class GELU(_Elementwise):
+    """y = x · sigmoid(1.702 x) (the engine's sigmoid approximation)."""
 
-    size: int
     type_id = LayerType.GELU
 
-    def __post_init__(self) -> None:
-        _check_size("GELU.size", self.size)
-
-    @property
-    def input_size(self) -> int:
-        return self.size
-
-    @property
-    def output_size(self) -> int:
-        return self.size
-
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Copy:
-    """y = x. Fields: u Size."""
+class Copy(_Elementwise):
+    """y = x."""
 
-    size: int
     type_id = LayerType.COPY
 
-    def __post_init__(self) -> None:
-        _check_size("Copy.size", self.size)
-
-    @property
-    def input_size(self) -> int:
-        return self.size
-
-    @property
-    def output_size(self) -> int:
-        return self.size
-
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Softmax:
-    """y = softmax(x) over the whole vector (new in 5.8). Fields: u Size."""
+class Softmax(_Elementwise):
+    """y = softmax(x) over the whole vector (new in 5.8)."""
 
-    size: int
     type_id = LayerType.SOFTMAX
-
-    def __post_init__(self) -> None:
-        _check_size("Softmax.size", self.size)
-
-    @property
-    def input_size(self) -> int:
-        return self.size
-
-    @property
-    def output_size(self) -> int:
-        return self.size
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -1059,32 +1005,3 @@ Layer: TypeAlias = (
     | Conv2d
     | Softmax
 )
-
-
-def children(layer: Layer) -> tuple[Layer, ...]:
-    """The direct sub-layers of ``layer`` in serialisation order (empty for leaf layers)."""
-    if isinstance(layer, (Sequence, Concat, Spread)):
-        return layer.layers
-    if isinstance(layer, (Array, Residual, Conv1d, Conv2d)):
-        return (layer.layer,)
-    if isinstance(layer, MemoryCell):
-        return (
-            layer.remember_layer,
-            layer.passthrough_layer,
-            layer.memory_update_layer,
-            layer.output_input_layer,
-            layer.output_memory_layer,
-        )
-    if isinstance(layer, GRUCell):
-        return (layer.remember_layer, layer.update_layer, layer.activation_layer)
-    if isinstance(layer, AggregateSet):
-        return (layer.element_layer, layer.query_layer, layer.key_layer, layer.value_layer)
-    if isinstance(layer, AggregateOrExclusive):
-        return layer.sub_layers + layer.encoder_layers
-    if isinstance(layer, AggregateOrInclusive):
-        return layer.sub_layers + layer.query_layers + layer.key_layers + layer.value_layers
-    if isinstance(layer, SparseMixtureOfExperts):
-        return (layer.gating_layer, *layer.expert_layers)
-    if isinstance(layer, FiLM):
-        return (layer.prefix_layer, layer.condition_layer, layer.postfix_layer)
-    return ()

@@ -77,6 +77,7 @@ __all__ = [
     "ScalarField",
     "SubField",
     "SubsField",
+    "children",
     "spec_of",
 ]
 
@@ -387,3 +388,15 @@ def spec_of(layer: Layer) -> LayerSpec:
     if spec is None:
         raise TypeError(f"{type(layer).__name__} is not an NNE layer value")
     return spec
+
+
+def children(layer: Layer) -> tuple[Layer, ...]:
+    """The direct sub-layers of ``layer`` in serialisation order (empty for leaf layers): its
+    :class:`SubField` and :class:`SubsField` values, read off its :class:`LayerSpec`."""
+    found: list[Layer] = []
+    for field in spec_of(layer).fields:
+        if isinstance(field, SubField):
+            found.append(getattr(layer, field.name))
+        elif isinstance(field, SubsField):
+            found.extend(getattr(layer, field.name))
+    return tuple(found)

@@ -76,7 +76,7 @@ from protocol.stream import (
     encode_network_to_game,
     encode_ping,
 )
-from trainer.transport.shm import SharedRegion, region_exists
+from trainer.session.transport.shm import SharedRegion, region_exists
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX shared memory and poll()")
 
@@ -910,7 +910,7 @@ from protocol.guid import os_shm_name, parse_guid, platform_guid_string
 from protocol.replay import ReplayLayout
 from protocol.stream import (NEED_DATA, ConfigMessage, Stop, TrainerStreamDecoder, encode_complete,
                              encode_network_to_game, encode_ping)
-from trainer.transport.shm import SharedRegion
+from trainer.session.transport.shm import SharedRegion
 
 behaviour = os.environ.get("STUB_BEHAVIOUR", "normal")
 rounds = int(os.environ.get("STUB_ROUNDS", "2"))

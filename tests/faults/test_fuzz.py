@@ -405,7 +405,7 @@ def _valid_checkpoint() -> bytes:
 
     import torch
 
-    from trainer.checkpoint import Fingerprint, TrainingState, save_checkpoint
+    from trainer.training.checkpoint import Fingerprint, TrainingState, save_checkpoint
 
     state = TrainingState(
         iteration=3,
@@ -427,7 +427,7 @@ CHECKPOINT_BYTES = _valid_checkpoint()
 @given(data=mutations(CHECKPOINT_BYTES))
 def test_fuzz_checkpoint_file(data: bytes, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Invariant: any checkpoint file loads (only if its checksum holds) or raises CheckpointError."""
-    from trainer.checkpoint import CheckpointError, load_checkpoint
+    from trainer.training.checkpoint import CheckpointError, load_checkpoint
 
     path = tmp_path_factory.mktemp("fuzz") / "checkpoint.pt"
     path.write_bytes(data)

@@ -2,7 +2,7 @@
 
 Fact per case: the trainer exits by itself, with the documented exit code PEER_GONE within a liveness
 check of the death: spawned, because its parent changed or the socket closed; attach, because the game's
-process no longer maps the trainer's control block (trainer.transport.mappers; those waits have no bound:
+process no longer maps the trainer's control block (trainer.session.transport.mappers; those waits have no bound:
 a paused game is alive); one readable paragraph naming the
 phase, the engine's regions still in /dev/shm (the creator unlinks, spec §2.1: a trainer never does),
 its own control block (attach mode) unlinked, and every snapshot or checkpoint it wrote intact.
@@ -26,8 +26,8 @@ from tests.support.faults import (
     unlink_regions,
 )
 from trainer.exitcodes import ExitCode
-from trainer.progress import STATUS_FILE_NAME, read_status
-from trainer.transport.shm import region_exists
+from trainer.records.progress import STATUS_FILE_NAME, read_status
+from trainer.session.transport.shm import region_exists
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,7 +41,7 @@ NO_SYNC = {"LA_TRAINER_SYNC_EVERY_ITERATIONS": "100000000"}
 
 SEEN_S = 2 * DETECT_S
 """A game the trainer can see (spawned, a connected socket) is waited for without a bound; its death is
-noticed by the next liveness check, whatever the trainer was waiting for (trainer.timeouts)."""
+noticed by the next liveness check, whatever the trainer was waiting for (trainer.settings.timeouts)."""
 
 # phase -> (how long the trainer may take to notice, words its message must contain)
 SPAWNED = {

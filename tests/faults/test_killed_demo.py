@@ -2,7 +2,7 @@
 shared-memory region and no scratch folder behind (issue 24 item 8).
 
 A killed engine cannot unlink its regions (spec 2.1: the creator unlinks): the trainer it spawned sees
-its parent gone, ends, and unlinks the engine's regions it maps (trainer/links/shm.py). The demo's scratch
+its parent gone, ends, and unlinks the engine's regions it maps (trainer/session/links/shm.py). The demo's scratch
 folder carries its process id, and the next demo removes those of demos that are gone
 (emulator/demo/run.py ``sweep_stale_work_folders``).
 """

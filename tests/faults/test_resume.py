@@ -15,8 +15,8 @@ import pytest
 
 from emulator.game import Completed
 from tests.support.faults import TINY, in_process_options, play_rounds, send_all, shm_in_process
-from trainer.checkpoint import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME, load_checkpoint
 from trainer.exitcodes import ExitCode
+from trainer.training.checkpoint import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME, load_checkpoint
 
 RESUME = in_process_options(resume=True)
 
@@ -103,7 +103,7 @@ def test_la_trainer_offline_resume_flag(tmp_path: Path) -> None:
     from emulator.game import FileExport
     from emulator.session import build_session_config
     from tests.support.faults import small_task
-    from trainer.cli import main
+    from trainer.commands.cli import main
 
     config, blobs = build_session_config(small_task(), TINY, str(tmp_path))
     folder = FileExport(tmp_path).write(config, dict(enumerate(blobs)), small_task().replay_buffer)

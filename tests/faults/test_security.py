@@ -21,8 +21,8 @@ from protocol.errors import ProtocolError
 from protocol.snapshot import HEADER, SNAPSHOT_MAGIC, SNAPSHOT_VERSION, read_snapshot
 from protocol.stream import Signal, TrainerStreamDecoder
 from tests.support.faults import FAST
-from trainer.links import SocketTrainerLink
-from trainer.transport.tcp import TcpServer
+from trainer.session.links import SocketTrainerLink
+from trainer.session.transport.tcp import TcpServer
 
 WARNING = "neither encrypted nor authenticated"
 ALLOCATION_BOUND = 1 << 20

@@ -28,9 +28,9 @@ from protocol.guid import os_shm_name
 from tests.support.faults import STARTUP_S, load_factor, trainer_env, unlink_regions
 from tests.support.served_game import game_process, play
 from trainer.exitcodes import ExitCode
-from trainer.runrecord import find_run_folders
-from trainer.transport.lockfile import lock_path
-from trainer.transport.shm import region_exists
+from trainer.records.runrecord import find_run_folders
+from trainer.session.transport.shm import region_exists
+from trainer.system.lockfile import lock_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -30,7 +30,7 @@ from tests.support.faults import (
     small_task,
 )
 from trainer.exitcodes import ExitCode
-from trainer.transport.shm import region_exists
+from trainer.session.transport.shm import region_exists
 
 posix_ipc = pytest.importorskip("posix_ipc")
 

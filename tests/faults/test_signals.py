@@ -30,9 +30,9 @@ from tests.support.faults import (
     shm_in_process,
     wait_for,
 )
-from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, load_latest
 from trainer.exitcodes import ExitCode
-from trainer.options import TrainerOptions
+from trainer.settings.options import TrainerOptions
+from trainer.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, load_latest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ a second client, a trickle.
 Facts: every case ends with a clear, categorised error (PEER_GONE for a peer that vanished, PROTOCOL for
 bytes that break the framing) within a bound that does not depend on what the peer claims; a connected
 peer that falls silent, before or in the middle of a message, is a paused game and is waited for while
-the connection is open (trainer.timeouts), its close then ends the run at once; no length from the peer
+the connection is open (trainer.settings.timeouts), its close then ends the run at once; no length from the peer
 is allocated before it is checked; the listening port is free afterwards.
 """
 
@@ -39,7 +39,7 @@ from tests.support.faults import (
 )
 from trainer.errors import PeerGone, exit_code_for
 from trainer.exitcodes import ExitCode
-from trainer.links import SocketTrainerLink
+from trainer.session.links import SocketTrainerLink
 
 TASK = small_task(size=4)
 SMALL = replace(SETTINGS, hidden_layer_size=4, iteration_num=30)

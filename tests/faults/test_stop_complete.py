@@ -31,8 +31,8 @@ from tests.support.faults import (
     shm_in_process,
     small_task,
 )
-from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from trainer.exitcodes import ExitCode
+from trainer.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
 LONG = replace(TINY, iteration_num=1_000_000)
 """Training that would not end by itself."""

@@ -26,10 +26,10 @@ from emulator.game import ShmGame, SocketGame
 from tests.support.configs import sample_replay
 from tests.support.links import NETWORK_IDS, PLATFORM, config, initial_networks, trained
 from trainer.errors import Interrupted
-from trainer.links import ShmTrainerLink, SocketTrainerLink
-from trainer.timeouts import Timeouts
-from trainer.transport.tcp import TcpConnection
-from trainer.transport.wait import StopRequested
+from trainer.session.links import ShmTrainerLink, SocketTrainerLink
+from trainer.session.transport.tcp import TcpConnection
+from trainer.session.transport.wait import StopRequested
+from trainer.settings.timeouts import Timeouts
 
 posix_ipc = pytest.importorskip("posix_ipc")
 

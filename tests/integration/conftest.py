@@ -1,6 +1,6 @@
 """Shared pieces of the integration tests: small tasks and session settings for the real trainer.
 
-Every test here runs ``scripts/train.py`` (or ``python -m trainer.cli offline``) as a child process against
+Every test here runs ``scripts/train.py`` (or ``python -m trainer.commands.cli offline``) as a child process against
 the game-side emulator (:mod:`emulator.session`). Sizes are chosen so that one session, including
 the trainer's torch import, takes seconds on two CPU cores; every wait is bounded well under 60 s and the
 child is killed on the way out whatever happens.

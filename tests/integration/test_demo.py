@@ -46,7 +46,7 @@ from emulator.demo.report import (
 from emulator.demo.training import time_limit_stops
 from emulator.session import SessionSettings, build_session_config
 from emulator.tasks import Demonstrations, avoid, task_rng
-from trainer.progress import ProgressReporter
+from trainer.records.progress import ProgressReporter
 
 METRIC_KEYS = {"success", "entropy", "collision", "mean_steps", "policy_calls", "ms_per_call"} | {
     f"mode/{name}" for name in avoid.MODE_NAMES

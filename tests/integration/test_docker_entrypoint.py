@@ -90,7 +90,7 @@ def _interpreter_usable_by_the_image_user(fresh: Path) -> None:
     """This Python must be runnable by that user (a pyenv under /root is not): else skip."""
     try:
         probe = subprocess.run(
-            [sys.executable, "-c", "import trainer.cli"],
+            [sys.executable, "-c", "import trainer.commands.cli"],
             cwd=fresh,
             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
             capture_output=True,

@@ -1,4 +1,4 @@
-"""The engine's other trainers keep working with la-trainer in place of its train.py (trainer.handover).
+"""The engine's other trainers keep working with la-trainer in place of its train.py (trainer.dropin.handover).
 
 The engine side is the emulator's game (ShmGame: control block, config files, regions); the engine's own
 ``train.py`` is a recording stand-in in the fake engine tree, where la-trainer finds it (beside the NNE
@@ -30,9 +30,10 @@ from emulator.launch import (
 )
 from emulator.session import EngineTask, build_session_config, free_tcp_port
 from tests.support.sessions import SETTINGS
+from trainer.dropin.handover import DROPIN_MARKER
 from trainer.exitcodes import ExitCode
-from trainer.handover import DROPIN_MARKER, ENV_HANDED_OVER
-from trainer.progress import STATUS_FILE_NAME
+from trainer.records.progress import STATUS_FILE_NAME
+from trainer.settings.environment import ENV_HANDED_OVER
 
 pytestmark = [
     pytest.mark.integration,
@@ -334,7 +335,7 @@ if _BLOCKED and not os.environ.get("LA_TRAINER_HANDED_OVER"):
 def _installed_shim(tmp_path: Path, layout: EngineLayout) -> Path:
     """The shim install-engine writes, at its place in a project; la-trainer is found through the
     checkout on PYTHONPATH (the project's site-packages is empty)."""
-    from trainer.install_engine import ENGINE_SCRIPT, INSTALL_FOLDER, _shim_text
+    from trainer.commands.install_engine import ENGINE_SCRIPT, INSTALL_FOLDER, _shim_text
 
     shim = layout.project_dir.joinpath(INSTALL_FOLDER, "Engine", *ENGINE_SCRIPT)
     shim.parent.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""A whole training story with a held-out set (trainer/heldout.py): its measurements land in the run's
+"""A whole training story with a held-out set (trainer/training/heldout.py): its measurements land in the run's
 metrics.jsonl, on the progress line and in ``la-trainer report``'s picture; without one, nothing of it
 appears. The run is the in-memory link's (no game), a tiny engine-built B1 task of 64 one-step episodes."""
 
@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from emulator.session import EngineTask, SessionSettings, build_session_config
-from trainer.app import InterruptFlag, run_with_link
-from trainer.links import MemoryLink
-from trainer.options import TrainerOptions
-from trainer.report import report_command
-from trainer.runrecord import HELDOUT_ACTIONS_FILE, find_run_folders, read_metrics
+from trainer.commands.report import report_command
+from trainer.records.runrecord import HELDOUT_ACTIONS_FILE, find_run_folders, read_metrics
+from trainer.session.app import InterruptFlag, run_with_link
+from trainer.session.links import MemoryLink
+from trainer.settings.options import TrainerOptions
 
 ITERATIONS = 250
 OPTIONS = TrainerOptions(

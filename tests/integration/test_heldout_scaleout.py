@@ -1,4 +1,4 @@
-"""Scale-out with a held-out set (trainer/heldout.py, trainer/distributed): rank 0 measures, the other
+"""Scale-out with a held-out set (trainer/training/heldout.py, trainer/distributed): rank 0 measures, the other
 rank trains only, and the run completes as without the option (the measurement holds no collective, so
 the ranks stay in step). Every rank holds out the same episodes: the split is seeded by the config."""
 
@@ -15,7 +15,7 @@ from emulator.game import ShmGame
 from emulator.launch import REPO_ROOT, EngineLayout, TrainerProcess, make_task_dir, shared_memory_command
 from emulator.session import EngineTask, build_session_config
 from tests.support.sessions import SETTINGS
-from trainer.runrecord import find_run_folders, read_metrics
+from trainer.records.runrecord import find_run_folders, read_metrics
 
 pytestmark = [
     pytest.mark.integration,

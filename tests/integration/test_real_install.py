@@ -4,7 +4,7 @@
   environment too (``constraints-engine.txt``, ``.ci/run``); their networks, run through the engine's
   inference path, reproduce the demonstrations.
 * An editor paused at a breakpoint stops ticking for minutes: the trainer waits for as long as the game
-  lives (``trainer.timeouts``) and the final networks and Complete still reach it.
+  lives (``trainer.settings.timeouts``) and the final networks and Complete still reach it.
 * A game that begins training long after it spawned the trainer is served.
 * A game that dies leaves a checkpoint of the last iteration, not only the periodic ones.
 * A Windows pipe in cp1252 does not silence the trainer.
@@ -37,8 +37,8 @@ from emulator.session.host import leaked_shm_entries, shm_entries
 from emulator.tasks import pendulum
 from protocol.argv import SharedMemoryArgs, parse_launch_argv
 from tests.support.sessions import SETTINGS
-from trainer.links import ShmTrainerLink, SocketTrainerLink
-from trainer.timeouts import Timeouts
+from trainer.session.links import ShmTrainerLink, SocketTrainerLink
+from trainer.settings.timeouts import Timeouts
 
 pytestmark = [pytest.mark.integration]
 
@@ -171,8 +171,8 @@ def test_no_bound_is_armed_for_a_game_that_spawned_the_trainer(
 ) -> None:
     """The faithful form of "a game that begins training 5 minutes later is served": the first wait of an
     engine-spawned trainer has no bound at all, even with a tiny one configured."""
-    from trainer.app import open_link_for_launch
-    from trainer.transport.shm import SharedRegion
+    from trainer.session.app import open_link_for_launch
+    from trainer.session.transport.shm import SharedRegion
 
     guid = "{0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0}"
     task = tmp_path / "Training0"
@@ -209,8 +209,8 @@ def test_a_game_killed_during_training_leaves_a_checkpoint_of_the_last_iteration
     import torch
 
     from tests.support.faults import run_killed_game
-    from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, load_latest
-    from trainer.progress import STATUS_FILE_NAME, read_status
+    from trainer.records.progress import STATUS_FILE_NAME, read_status
+    from trainer.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, load_latest
 
     env = {"LA_TRAINER_SYNC_EVERY_ITERATIONS": "100000000", "LA_TRAINER_CHECKPOINT_EVERY_SECONDS": "0"}
     run = run_killed_game("shm", "during-training", tmp_path, bound_s=60.0, env=env)

@@ -2,7 +2,7 @@
 so: the right phase, the last iteration and the exit code, and ``watch --once`` exits 0 only for the
 healthy ones (the Docker HEALTHCHECK's question).
 
-The runs are whole training stories (trainer.run.run_training through trainer.app.run_with_link, as the
+The runs are whole training stories (trainer.session.run.run_training through trainer.session.app.run_with_link, as the
 process entry runs them) over the in-memory link with a tiny engine-built task, so each costs about a
 second; one real engine-spawned session checks ``watch`` on the engine's LearningCore folder.
 """
@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 
 from emulator.session import EngineTask, SessionSettings, build_session_config, run_engine_session
-from trainer.app import InterruptFlag, run_with_link
+from trainer.commands.watch import watch
 from trainer.errors import PeerGone
 from trainer.exitcodes import ExitCode
-from trainer.links import MemoryLink
-from trainer.options import TrainerOptions
-from trainer.progress import STATUS_FILE_NAME, RunPhase, read_status
-from trainer.runrecord import find_run_folders, read_metrics
-from trainer.watch import watch
+from trainer.records.progress import STATUS_FILE_NAME, RunPhase, read_status
+from trainer.records.runrecord import find_run_folders, read_metrics
+from trainer.session.app import InterruptFlag, run_with_link
+from trainer.session.links import MemoryLink
+from trainer.settings.options import TrainerOptions
 
 ITERATIONS = 250
 OPTIONS = TrainerOptions(
@@ -153,7 +153,7 @@ def test_refused_options_are_recorded_before_the_link_opens(tmp_path: Path) -> N
         [
             sys.executable,
             "-c",
-            "import sys; from trainer.app import engine_main; sys.exit(engine_main(sys.argv[1:]))",
+            "import sys; from trainer.dropin.engine import engine_main; sys.exit(engine_main(sys.argv[1:]))",
             *argv,
         ],
         capture_output=True,

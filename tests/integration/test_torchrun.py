@@ -21,7 +21,7 @@ from emulator.launch import REPO_ROOT, EngineLayout, TrainerProcess, make_task_d
 from emulator.session import EngineTask, Mode, build_session_config, run_engine_session
 from emulator.session.host import leaked_shm_entries, shm_entries
 from tests.support.sessions import SETTINGS
-from trainer.transport.lockfile import lock_path
+from trainer.system.lockfile import lock_path
 
 pytestmark = [
     pytest.mark.integration,

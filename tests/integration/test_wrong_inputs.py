@@ -243,7 +243,7 @@ def test_a_bad_engine_environment_is_refused_before_the_link_opens(
         [
             sys.executable,
             "-c",
-            "import sys; from trainer.app import engine_main; sys.exit(engine_main(sys.argv[1:]))",
+            "import sys; from trainer.dropin.engine import engine_main; sys.exit(engine_main(sys.argv[1:]))",
             *argv,
         ],
         env={**os.environ, variable: value},

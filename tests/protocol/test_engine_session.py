@@ -16,7 +16,7 @@ from protocol.config import (
     parse_json,
     session_from_files,
 )
-from protocol.engine.configs import NETWORK_NAMES, build_engine_session, format_time_stamp
+from protocol.engine.configs import build_engine_session, format_time_stamp
 from protocol.engine.export import (
     DATA_CONFIG,
     MODEL_CONFIG,
@@ -28,6 +28,7 @@ from protocol.engine.export import (
     replay_buffer_file,
 )
 from protocol.engine.networks import UnsupportedSchemaError, build_flow_matching_networks
+from protocol.names import NetworkId
 from protocol.replay import ReplayBuffer, ReplayLayout
 from protocol.schema import parse_schema
 from protocol.snapshot import read_snapshot_header
@@ -117,7 +118,7 @@ def test_snapshots_are_the_builders_networks_seeded_by_the_trainer_config() -> N
 def test_model_config_names_the_three_networks_with_their_snapshot_sizes() -> None:
     config, snapshots, _ = _session()
     networks = config.model.networks
-    assert [(n.id, n.name) for n in networks] == list(enumerate(NETWORK_NAMES))
+    assert [(n.id, n.name) for n in networks] == [(int(n), n.title) for n in NetworkId]
     assert [n.max_byte_num for n in networks] == [len(s) for s in snapshots]
     assert [(n.input_schema_id, n.output_schema_id) for n in networks] == [(None, None), (0, None), (None, 0)]
     assert config.model.flow_matching == FLOW_MATCHING

@@ -64,8 +64,8 @@ from protocol.nne.layers import (
     Spread,
     TanH,
     Tile,
-    children,
 )
+from protocol.nne.layout import children
 from protocol.nne.reference import evaluate
 
 # --------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A ctypes foreign function converts each argument by its ``argtypes`` (without them, a Python int must fit
 a C ``int`` or the call raises) and its result by ``restype`` (``c_int`` unless declared). The fake's
 functions do the same before and after the Python implementation runs, and its handles and creation times
-lie above 32 bits as on 64-bit Windows: code that calls through :mod:`trainer.transport.win32` works on it,
+lie above 32 bits as on 64-bit Windows: code that calls through :mod:`trainer.system.win32` works on it,
 and the undeclared calls of issue 22 fail on it as they fail on Windows (a cut handle, an
 ``ArgumentError``). It implements only the functions la-trainer calls, with their documented results.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.transport.win32 import PROCESSENTRY32W
+from trainer.system.win32 import PROCESSENTRY32W
 
 PSEUDO_HANDLE = (1 << 64) - 1
 """``GetCurrentProcess()``: ``(HANDLE)-1``."""

@@ -15,7 +15,7 @@ Every case asserts the exit code category from ``trainer/exitcodes.py`` and that
 snapshots and checkpoints already written parse, no temp file is left, engine regions still exist.
 
 Timeouts: the subprocess trainer runs with ``LA_TRAINER_TIMEOUT_SCALE`` = :data:`TIMEOUT_SCALE`, so each
-wait of ``trainer.timeouts.Timeouts`` is a few seconds and "ends within 2x its timeout" is cheap to check.
+wait of ``trainer.settings.timeouts.Timeouts`` is a few seconds and "ends within 2x its timeout" is cheap to check.
 Keep this module free of torch imports: :func:`game_child_main` imports it in a fresh interpreter.
 """
 
@@ -42,8 +42,8 @@ from emulator.game import COMPLETED
 from emulator.launch import REPO_ROOT
 from emulator.session import EngineTask, SessionSettings
 from protocol.snapshot import read_snapshot
-from trainer.timeouts import Timeouts
-from trainer.transport.win32 import Prototype
+from trainer.settings.timeouts import Timeouts
+from trainer.system.win32 import Prototype
 
 TIMEOUT_SCALE = 0.0025
 """``LA_TRAINER_TIMEOUT_SCALE`` for subprocess trainers: a wait that cannot see the game (attach mode)
@@ -146,7 +146,7 @@ def assert_snapshots_intact(folder: Path, sizes: Mapping[str, int]) -> list[Path
         read_snapshot(data)  # raises on any damage
     checkpoints = sorted(folder.glob("la-trainer-checkpoint*.pt"))
     if checkpoints:
-        from trainer.checkpoint import load_checkpoint  # torch: only in the test process
+        from trainer.training.checkpoint import load_checkpoint  # torch: only in the test process
 
         for path in checkpoints:
             load_checkpoint(path)
@@ -155,10 +155,10 @@ def assert_snapshots_intact(folder: Path, sizes: Mapping[str, int]) -> list[Path
 
 def network_sizes(task: EngineTask, settings: SessionSettings = SETTINGS) -> dict[str, int]:
     from emulator.session import build_session_config
-    from protocol.engine.configs import NETWORK_NAMES
+    from protocol.names import NetworkId
 
     _, blobs = build_session_config(task, settings, None)
-    return {name: len(blob) for name, blob in zip(NETWORK_NAMES, blobs, strict=True)}
+    return {name: len(blob) for name, blob in zip((n.title for n in NetworkId), blobs, strict=True)}
 
 
 def unlink_regions(names: list[str]) -> None:
@@ -336,7 +336,7 @@ def game_child_main(spec_path: str) -> None:
         argv = shared_memory_command(layout, "Training", task_dir, game.controls_guid)
     else:
         # The trainer numbers socket runs as the engine numbers shared-memory ones
-        # (trainer.runrecord.new_task_folder): the first one in a fresh folder is Training0.
+        # (trainer.records.runrecord.new_task_folder): the first one in a fresh folder is Training0.
         task_dir = layout.intermediate_dir / "Training0"
         port = free_tcp_port()
         argv = socket_command(layout, "Training", "127.0.0.1", port)
@@ -462,7 +462,7 @@ def run_killed_game(
             trainer_env(SETTINGS, **(env or {})),
         )
         controls = os_shm_name(guid, sys.platform)
-        from trainer.transport.shm import region_exists
+        from trainer.session.transport.shm import region_exists
 
         wait_for(lambda: region_exists(controls), STARTUP_S, "the trainer's controls block", attached)
         time.sleep(0.25)  # as a user starts the game after the trainer printed its instructions
@@ -613,7 +613,7 @@ def run_in_process(
 
     ``game`` receives a function returning the link once it exists (socket games need its port).
     """
-    from trainer.app import run_with_link
+    from trainer.session.app import run_with_link
 
     holder: list[Any] = []
     errors: list[BaseException] = []
@@ -644,7 +644,7 @@ def run_in_process(
 
 
 def in_process_options(**changes: Any) -> Any:
-    from trainer.options import TrainerOptions
+    from trainer.settings.options import TrainerOptions
 
     base = TrainerOptions(
         sync_every_iterations=10,
@@ -798,7 +798,7 @@ def shm_in_process(
     trainer is given; ``create`` makes it create the block (attach mode; the game then attaches)."""
     from emulator.game import ShmGame
     from emulator.session import build_session_config
-    from trainer.links import ShmTrainerLink
+    from trainer.session.links import ShmTrainerLink
 
     task = task or small_task()
     config, blobs = build_session_config(task, settings, str(tmp_path))
@@ -825,7 +825,7 @@ def shm_in_process(
             games.append(ShmGame.attach(link.guid_string, task_dir / "Configs", timeout=10.0))
         script(games[0], config, blobs)
 
-    from trainer.transport.shm import region_exists
+    from trainer.session.transport.shm import region_exists
 
     present: dict[str, bool] = {}
     try:

@@ -8,8 +8,8 @@ import torch
 from emulator.tasks import continuous_action_schema, continuous_observation_schema
 from protocol.engine.networks import build_flow_matching_networks
 from protocol.schema import parse_schema
-from trainer.data import TrainingData
-from trainer.model import FlowModel, ModelSettings
+from trainer.training.data import TrainingData
+from trainer.training.model import FlowModel, ModelSettings
 
 OBS = parse_schema(continuous_observation_schema(6), "observation")
 

@@ -8,11 +8,12 @@ import sys
 import numpy as np
 
 from protocol.config import SessionConfig, session_from_shared_memory
+from protocol.names import NetworkId
 from protocol.snapshot import HEADER, HEADER_BYTES, SNAPSHOT_MAGIC, SNAPSHOT_VERSION
 from tests.support.configs import MODEL, TRAINER, sample_networks, small_data
 
 PLATFORM = "linux" if sys.platform.startswith("linux") else sys.platform
-NETWORK_IDS = (0, 1, 2)
+NETWORK_IDS = tuple(int(n) for n in NetworkId)
 
 
 def trained(round_index: int) -> dict[int, bytes]:

@@ -13,10 +13,10 @@ from protocol.nne.layers import Layer
 from protocol.nne.reference import evaluate
 from protocol.schema import SchemaNode, parse_schema
 from tests.support.schemas import cont
-from trainer.data import TrainingData
-from trainer.flow import TimeDistribution
-from trainer.model import FlowModel, ModelSettings
-from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.training.data import TrainingData
+from trainer.training.flow import TimeDistribution
+from trainer.training.model import FlowModel, ModelSettings
+from trainer.training.steps.autograd import BatchSampler, make_optimizer, train_step
 
 
 @pytest.fixture(autouse=True)

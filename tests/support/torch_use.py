@@ -6,7 +6,7 @@ through this repository's own packages (``trainer``, ``emulator``, ``benchmarks`
 ``tests``, ``scripts``): the test file's imports count wherever they stand (an ``import torch`` inside a
 test runs under that test), an own module's only when they run at import time (module level, ``if``/
 ``try`` blocks included, ``if TYPE_CHECKING`` blocks not). A function-level import deep in the library
-(``trainer.handover`` reaching ``trainer.run`` only when it hands a run over) would otherwise mark almost
+(``trainer.dropin.handover`` reaching ``trainer.session.run`` only when it hands a run over) would otherwise mark almost
 every test, torch or not.
 
 The walk reads source text (``ast``) and imports nothing, so it gives the same answer in every environment,
@@ -34,7 +34,7 @@ def _module_file(dotted: str, root: Path) -> Path | None:
 
 
 def _package_of(path: Path, root: Path) -> list[str]:
-    """The dotted package a source file lives in, as parts (``trainer/steps/fused.py`` → trainer, steps)."""
+    """The dotted package a source file lives in, as parts (``trainer/training/steps/fused.py`` → trainer, steps)."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     return parts[:-1]
 

@@ -1,4 +1,4 @@
-"""The one atomic file writer (trainer/transport/atomic.py) and the files written through it.
+"""The one atomic file writer (trainer/system/atomic.py) and the files written through it.
 
 Facts: the target holds the old bytes or the new ones, never a mix, and no temporary file is left behind
 whatever fails; data is fsynced before the rename and the folder after it; ``before_replace`` runs between
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.progress import Status, write_status
-from trainer.snapshots import SnapshotWriter
-from trainer.transport.atomic import atomic_file, atomic_write, stale_temp_files
-from trainer.transport.files import network_path, write_network_files
+from trainer.records.progress import Status, write_status
+from trainer.session.snapshots import SnapshotWriter
+from trainer.session.transport.files import network_path, write_network_files
+from trainer.system.atomic import atomic_file, atomic_write, stale_temp_files
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
 

@@ -1,4 +1,4 @@
-"""trainer.transport.atomic.replace_file: the Windows retry around ``os.replace`` (a reader holding the
+"""trainer.system.atomic.replace_file: the Windows retry around ``os.replace`` (a reader holding the
 target open makes the rename fail briefly) behind its platform seam, and no retry on POSIX."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.transport.atomic import replace_file
+from trainer.system.atomic import replace_file
 
 
 class FlakyReplace:

@@ -1,4 +1,4 @@
-"""Resumable checkpoints (trainer/checkpoint.py) and TrainingJob resume (trainer/job.py).
+"""Resumable checkpoints (trainer/training/checkpoint.py) and TrainingJob resume (trainer/training/job.py).
 
 Facts: a checkpoint round-trips exactly; it loads with ``torch.load(weights_only=True)``; any damage
 (flipped byte, truncation at any point, foreign pickle, other version) is a CheckpointError and never
@@ -22,7 +22,10 @@ from hypothesis import strategies as st
 
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from protocol.snapshot import read_snapshot
-from trainer.checkpoint import (
+from trainer.errors import ResumeRefused, exit_code_for
+from trainer.exitcodes import ExitCode
+from trainer.settings.options import TrainerOptions
+from trainer.training.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
     PREVIOUS_CHECKPOINT_NAME,
@@ -37,10 +40,7 @@ from trainer.checkpoint import (
     save_checkpoint,
     sibling_checkpoint_folders,
 )
-from trainer.errors import ResumeRefused, exit_code_for
-from trainer.exitcodes import ExitCode
-from trainer.job import TrainingJob
-from trainer.options import TrainerOptions
+from trainer.training.job import TrainingJob
 
 CPU = torch.device("cpu")
 TINY = SessionSettings(iteration_num=40, batch_size=16, hidden_layer_size=8, learning_rate=1e-3)

@@ -15,18 +15,18 @@ import shutil
 import pytest
 import torch
 
-import trainer.steps.fused as fused_step_module
+import trainer.training.steps.fused as fused_step_module
 from tests.support.fused import BATCH, assert_same, engine_model, everything
-from trainer.flow import TimeDistribution
-from trainer.steps.autograd import make_optimizer
-from trainer.steps.compiled import (
+from trainer.training.flow import TimeDistribution
+from trainer.training.steps.autograd import make_optimizer
+from trainer.training.steps.compiled import (
     FlatLayout,
     compile_unavailable,
     compile_wanted,
     make_flat_step,
     make_loss_and_grads,
 )
-from trainer.steps.fused import FusedStep
+from trainer.training.steps.fused import FusedStep
 
 
 def autograd_loss_and_grads(

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from protocol.errors import ReplayError
 from protocol.replay import ReplayBuffer
 from protocol.schema import SchemaNode, parse_schema
-from trainer.data import (
+from trainer.errors import BadData
+from trainer.training.data import (
     MIN_STD,
     Batch,
     TensorData,
@@ -24,7 +25,6 @@ from trainer.data import (
     decoder_inputs,
     leaf_statistics,
 )
-from trainer.errors import BadData
 
 # --------------------------------------------------------------------------------------------------
 # Chunks

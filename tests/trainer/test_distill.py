@@ -1,4 +1,4 @@
-"""Few-step distillation (trainer.steps.distill): the distilled N-step Euler sampler lands where the teacher's
+"""Few-step distillation (trainer.training.steps.distill): the distilled N-step Euler sampler lands where the teacher's
 many-step flow lands; a distilled 1- and 2-step sampler keeps two modes that the plain one collapses; runs
 are reproducible from the seed; the phase is sized by time and switched on by the option, exports keep the
 received structure, and the trainer process distils when LA_TRAINER_ODE_STEPS is set."""
@@ -26,15 +26,15 @@ from protocol.nne.codec import structure_key, write_model
 from protocol.schema import parse_schema
 from protocol.snapshot import read_snapshot
 from tests.support.models import engine_actions
-from trainer.data import TrainingData
-from trainer.flow import TimeDistribution, euler_integrate
-from trainer.job import TrainingJob
-from trainer.model import FlowModel, ModelSettings
-from trainer.nne_torch import LinearModule
-from trainer.options import TrainerOptions
-from trainer.steps import Phase
-from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
-from trainer.steps.distill import (
+from trainer.settings.options import TrainerOptions
+from trainer.training.data import TrainingData
+from trainer.training.flow import TimeDistribution, euler_integrate
+from trainer.training.job import TrainingJob
+from trainer.training.model import FlowModel, ModelSettings
+from trainer.training.nne_torch import LinearModule
+from trainer.training.steps import Phase
+from trainer.training.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.training.steps.distill import (
     EVAL_COST,
     POOL_LIMIT_BYTES,
     TRAIN_COST,

@@ -47,8 +47,6 @@ from protocol.errors import ReplayError
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import read_snapshot
 from trainer import distributed as td
-from trainer.app import run_with_link
-from trainer.data import TensorData
 from trainer.distributed import (
     FRAME_MAGIC,
     DistEnv,
@@ -64,17 +62,21 @@ from trainer.distributed import (
     encode_config,
     encode_options,
     is_collective_failure,
-    launch,
     local_batch_size,
     sync_start_state,
-    torchrun_command,
 )
 from trainer.distributed.job import weights_checksum
+from trainer.dropin import scale_out as launch
+from trainer.dropin.scale_out import main as scale_out_main
+from trainer.dropin.torchrun import torchrun_command
 from trainer.errors import LaunchError, PeerGone
 from trainer.exitcodes import ExitCode
-from trainer.job import TrainingJob
-from trainer.links import MemoryLink
-from trainer.options import TrainerOptions
+from trainer.session.app import run_with_link
+from trainer.session.links import MemoryLink
+from trainer.settings import environment as env_names
+from trainer.settings.options import TrainerOptions
+from trainer.training.data import TensorData
+from trainer.training.job import TrainingJob
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -95,7 +97,7 @@ LOSS_TOLERANCE = 0.10
 """Relative difference allowed between that loss in a 2-process and in a 1-process run (same seed and
 global batch). Measured in docs/scale-out.md: seed-to-seed spread of either about ±2 %."""
 KILL_SETTINGS = replace(TINY, iteration_num=100_000, activation="GELU")
-"""The killed run: GELU keeps it off the fused step (trainer/steps/fused.py runs ELU, ReLU, TanH), so the
+"""The killed run: GELU keeps it off the fused step (trainer/training/steps/fused.py runs ELU, ReLU, TanH), so the
 loop's steps go through autograd and DDP, and the failure surfaces inside DDP's backward. The stalled and
 the compared runs use ELU (the fused step, where TrainingJob runs it)."""
 EXACT_TOLERANCE = 1e-6
@@ -443,7 +445,14 @@ def test_a_follower_that_lost_rank_0_takes_its_exit_code() -> None:
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", td.ENV_NPROC, td.ENV_TORCHRUN_ARGS):
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        env_names.ENV_NPROC,
+        env_names.ENV_TORCHRUN_ARGS,
+    ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -456,10 +465,10 @@ def test_outside_torchrun_main_is_the_ordinary_trainer(clean_env: pytest.MonkeyP
         return 3
 
     clean_env.setattr(launch, "engine_main", fake_engine_main)
-    assert td.main(["Training", "Socket", "127.0.0.1:1", "/tmp"]) == 3
+    assert scale_out_main(["Training", "Socket", "127.0.0.1:1", "/tmp"]) == 3
     clean_env.setenv("RANK", "0")
     clean_env.setenv("WORLD_SIZE", "1")
-    assert td.main(["x"]) == 3
+    assert scale_out_main(["x"]) == 3
     assert calls == [["Training", "Socket", "127.0.0.1:1", "/tmp"], ["x"]]
 
 
@@ -475,9 +484,9 @@ def test_nproc_reexecutes_under_torchrun(clean_env: pytest.MonkeyPatch) -> None:
         raise Exec
 
     clean_env.setattr(os, "execve", fake_execve)
-    clean_env.setenv(td.ENV_NPROC, "2")
+    clean_env.setenv(env_names.ENV_NPROC, "2")
     with pytest.raises(Exec):
-        td.main(["Training", "-l", "SharedMemory", "/task", "-g", "{G}"])
+        scale_out_main(["Training", "-l", "SharedMemory", "/task", "-g", "{G}"])
     assert seen["argv"] == [
         sys.executable,
         "-m",
@@ -495,22 +504,24 @@ def test_nproc_reexecutes_under_torchrun(clean_env: pytest.MonkeyPatch) -> None:
         "{G}",
     ]
     assert seen["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)
-    assert seen["env"][td.ENV_ENGINE_PID] == str(os.getppid())  # the engine that spawned the wrapper
-    clean_env.setenv(td.ENV_TORCHRUN_ARGS, "--nnodes 2 --node-rank 0 --master-addr 10.0.0.1")
+    assert seen["env"][env_names.ENV_ENGINE_PID] == str(os.getppid())  # the engine that spawned the wrapper
+    clean_env.setenv(env_names.ENV_TORCHRUN_ARGS, "--nnodes 2 --node-rank 0 --master-addr 10.0.0.1")
     with pytest.raises(Exec):
-        td.main(["Training"])
+        scale_out_main(["Training"])
     assert seen["argv"][3:9] == ["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1"]
     assert torchrun_command(["a"], 4)[3:6] == ["--standalone", "--nproc-per-node", "4"]
 
 
-@pytest.mark.parametrize(("name", "value"), [("RANK", "x"), (td.ENV_NPROC, "two"), (td.ENV_STALL, "-1")])
+@pytest.mark.parametrize(
+    ("name", "value"), [("RANK", "x"), (env_names.ENV_NPROC, "two"), (env_names.ENV_STALL, "-1")]
+)
 def test_bad_launch_environment_is_a_usage_error(
     clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str, value: str
 ) -> None:
     clean_env.setenv("RANK", "0")
     clean_env.setenv("WORLD_SIZE", "2")
     clean_env.setenv(name, value)
-    assert td.main(["Training"]) == ExitCode.USAGE
+    assert scale_out_main(["Training"]) == ExitCode.USAGE
     assert name in capsys.readouterr().err
 
 
@@ -528,13 +539,13 @@ class StopAfter:
 @pytest.mark.skipif(os.name != "posix", reason="the engine pid is watched on POSIX only")
 def test_rank_0_watches_the_engine_that_started_torchrun(clean_env: pytest.MonkeyPatch) -> None:
     ctx = RankContext(DistEnv(0, 2, 0, 2), RankChannel(lambda t: None, leader=True))
-    clean_env.setenv(td.ENV_ENGINE_PID, str(os.getpid()))
+    clean_env.setenv(env_names.ENV_ENGINE_PID, str(os.getpid()))
     td.Rank0Link(StopAfter(1), ctx)
     assert ctx.poll_game is not None
     assert ctx.poll_game() is False and ctx.poll_game() is True
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    clean_env.setenv(td.ENV_ENGINE_PID, str(dead.pid))
+    clean_env.setenv(env_names.ENV_ENGINE_PID, str(dead.pid))
     td.Rank0Link(StopAfter(5), ctx)
     with pytest.raises(
         PeerGone, match=f"the engine \\(process {dead.pid}\\) that started this training exited"
@@ -742,7 +753,7 @@ def test_a_killed_rank_ends_the_job_and_the_game_gets_complete(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_a_frozen_rank_is_caught_by_the_watchdog(tmp_path: Path) -> None:
-    ranks = Ranks("stall", tmp_path, {td.ENV_STALL: "3"})
+    ranks = Ranks("stall", tmp_path, {env_names.ENV_STALL: "3"})
     try:
         deadline = time.monotonic() + 120.0
         while ranks.procs[0].poll() is None and time.monotonic() < deadline:
@@ -761,7 +772,7 @@ def test_a_frozen_rank_is_caught_by_the_watchdog(tmp_path: Path) -> None:
 
 WRAPPER = """import sys
 sys.path.insert(0, {root!r})
-from trainer.distributed import main
+from trainer.dropin.scale_out import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -769,7 +780,7 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.slow
 @pytest.mark.integration
 def test_the_engine_spawns_two_processes_through_the_launcher_and_stops_them(tmp_path: Path) -> None:
-    """Spawned socket mode: the engine runs a train.py that calls trainer.distributed.main with
+    """Spawned socket mode: the engine runs a train.py that calls trainer.dropin.scale_out.main (``python -m trainer.distributed``) with
     LA_TRAINER_NPROC_PER_NODE=2; the game's Stop after two rounds ends both ranks at once, exit code 0."""
     wrapper = tmp_path / "train.py"
     wrapper.write_text(WRAPPER.format(root=str(REPO_ROOT)))
@@ -784,7 +795,7 @@ def test_the_engine_spawns_two_processes_through_the_launcher_and_stops_them(tmp
         hard_timeout_s=170.0,
         timeout_scale=1.0,
         script=wrapper,
-        env={td.ENV_NPROC: "2", "OMP_NUM_THREADS": "1"},
+        env={env_names.ENV_NPROC: "2", "OMP_NUM_THREADS": "1"},
     )
     record = run_engine_session(Mode.SOCKET, make_task(), tmp_path / "engine", settings)
     record.check()
@@ -799,7 +810,7 @@ def test_the_engine_spawns_two_processes_through_the_launcher_and_stops_them(tmp
 
 
 class RecordingLink(MemoryLink):
-    """The game, in memory (:class:`trainer.links.MemoryLink` for the task), that also appends every
+    """The game, in memory (:class:`trainer.session.links.MemoryLink` for the task), that also appends every
     network and Complete it receives to ``events.jsonl`` as they arrive: a rank that exits abruptly
     leaves them for the test to read."""
 
@@ -847,7 +858,7 @@ def _exact_check(env: DistEnv, out: Path) -> None:
     from torch.distributed import PrefixStore  # type: ignore[attr-defined]
     from torch.distributed.rendezvous import rendezvous
 
-    from trainer.flow import flow_matching_loss, interpolate
+    from trainer.training.flow import flow_matching_loss, interpolate
 
     store, _, _ = next(iter(rendezvous("env://", rank=env.rank, world_size=env.world_size)))
     dist.init_process_group(

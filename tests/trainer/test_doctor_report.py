@@ -1,4 +1,4 @@
-"""``la-trainer doctor`` (trainer/doctor.py) and ``la-trainer report`` (trainer/report.py)."""
+"""``la-trainer doctor`` (trainer/commands/doctor.py) and ``la-trainer report`` (trainer/commands/report.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from trainer import doctor, report
+from trainer.commands import doctor, report
 from trainer.exitcodes import ExitCode
-from trainer.runrecord import METRICS_FILE, RUN_FILE
+from trainer.records.runrecord import METRICS_FILE, RUN_FILE
 
 
 def test_the_engine_python_is_where_the_engine_makes_it(tmp_path: Path) -> None:

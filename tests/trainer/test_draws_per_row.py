@@ -1,4 +1,4 @@
-"""K (x0, t) draws per batch row (option ``draws_per_row``, :func:`trainer.flow.stratified_draws`).
+"""K (x0, t) draws per batch row (option ``draws_per_row``, :func:`trainer.training.flow.stratified_draws`).
 
 Facts checked: each row's K times fall one in each K-th of the density (stratified through its
 quantile), each row's second half of noises mirrors the first (antithetic), the density itself is
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from tests.support.fused import BATCH, assert_same, engine_model, everything
-from trainer.flow import TimeDistribution, stratified_draws
-from trainer.options import OptionError, TrainerOptions
-from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
-from trainer.steps.fused import FusedStep
+from trainer.settings.options import OptionError, TrainerOptions
+from trainer.training.flow import TimeDistribution, stratified_draws
+from trainer.training.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.training.steps.fused import FusedStep
 
 
 @pytest.mark.parametrize(

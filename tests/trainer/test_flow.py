@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.flow import (
+from trainer.training.flow import (
     PathSample,
     TimeDistribution,
     euler_integrate,

@@ -17,14 +17,14 @@ from protocol.engine.networks import build_flow_matching_networks
 from protocol.schema import parse_schema
 from tests.support.fused import ACT, BATCH, assert_same, engine_model, everything
 from tests.support.models import make_model
-from trainer.data import TensorData, TrainingData
 from trainer.errors import Diverged
-from trainer.flow import TimeDistribution
-from trainer.model import FlowModel, ModelSettings
-from trainer.nne_torch import DenormalizeModule, SequenceModule
-from trainer.steps.autograd import BatchSampler, make_optimizer, train_step
-from trainer.steps.fused import FusedStep, fused_step_unsupported
-from trainer.steps.mlp import parse_mlp
+from trainer.training.data import TensorData, TrainingData
+from trainer.training.flow import TimeDistribution
+from trainer.training.model import FlowModel, ModelSettings
+from trainer.training.nne_torch import DenormalizeModule, SequenceModule
+from trainer.training.steps.autograd import BatchSampler, make_optimizer, train_step
+from trainer.training.steps.fused import FusedStep, fused_step_unsupported
+from trainer.training.steps.mlp import parse_mlp
 
 
 def reference_run(
@@ -325,7 +325,7 @@ def test_a_non_identity_output_denormalize_is_trained_like_the_reference() -> No
 def test_latents_are_encoded_per_batch_when_the_table_would_be_too_big(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import trainer.steps.fused as fused_step
+    import trainer.training.steps.fused as fused_step
 
     monkeypatch.setattr(fused_step, "PRECOMPUTE_LIMIT_BYTES", 0)
     base, data = engine_model()

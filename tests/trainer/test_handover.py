@@ -1,4 +1,4 @@
-"""trainer.handover: where the engine's own train.py is, which runs go there, and how (spec §1.6, §11 item 3).
+"""trainer.dropin.handover: where the engine's own train.py is, which runs go there, and how (spec §1.6, §11 item 3).
 The whole hand-over, through a real trainer process, is tests/integration/test_handover.py."""
 
 from __future__ import annotations
@@ -10,18 +10,16 @@ from typing import Any
 
 import pytest
 
-from trainer.handover import (
+from protocol.names import ENGINE_DEFAULT_MODULE, FLOW_MATCHING_MODULE
+from trainer.dropin.handover import (
     DROPIN_MARKER,
-    ENGINE_DEFAULT_MODULE,
-    ENV_ENGINE_TRAIN_PY,
-    ENV_HANDED_OVER,
-    FLOW_MATCHING_MODULE,
     engine_train_py,
     hand_over,
     is_la_trainer_script,
     socket_hands_over,
-    socket_refusal,
 )
+from trainer.session.run import socket_refusal
+from trainer.settings.environment import ENV_ENGINE_TRAIN_PY, ENV_HANDED_OVER
 
 EXPERIMENTAL = ("Engine", "Plugins", "Experimental")
 
@@ -137,7 +135,7 @@ def test_posix_replaces_the_process(tmp_path: Path) -> None:
         "import os, sys\n"
         f"sys.path.insert(0, {str(root)!r})\n"
         "from pathlib import Path\n"
-        "from trainer.handover import hand_over\n"
+        "from trainer.dropin.handover import hand_over\n"
         "print(os.getpid(), flush=True)\n"
         f"hand_over(Path({str(target)!r}), ['Training', '', 'x y'])\n"
     )

@@ -1,4 +1,4 @@
-"""The held-out set (trainer/heldout.py): the split by episode at every limit, the closed forms of the
+"""The held-out set (trainer/training/heldout.py): the split by episode at every limit, the closed forms of the
 distances, seeded reproducibility, and that nothing changes when nothing is held out."""
 
 from __future__ import annotations
@@ -16,22 +16,22 @@ import torch
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import read_snapshot
-from trainer.data import TrainingData
-from trainer.heldout import (
+from trainer.records.runrecord import RunLog, RunRecord, read_metrics
+from trainer.records.trackers import Trackers
+from trainer.session.heldout import HeldOutRound
+from trainer.settings.options import TrainerOptions
+from trainer.training.data import TrainingData
+from trainer.training.heldout import (
     SAMPLES_PER_ROW,
     HeldOutMetrics,
-    HeldOutRound,
     energy_distance,
     energy_score,
     heldout_episode_count,
     split_episodes,
     wasserstein_1d,
 )
-from trainer.job import TrainingJob
-from trainer.options import TrainerOptions
-from trainer.runrecord import RunLog, RunRecord, read_metrics
-from trainer.steps import Phase
-from trainer.trackers import Trackers
+from trainer.training.job import TrainingJob
+from trainer.training.steps import Phase
 
 # --------------------------------------------------------------------------------------------------
 # The split

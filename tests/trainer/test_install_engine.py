@@ -1,4 +1,4 @@
-"""la-trainer install-engine against a fake engine and project tree (trainer.install_engine).
+"""la-trainer install-engine against a fake engine and project tree (trainer.commands.install_engine).
 
 The engine's Python is played by this interpreter (it has torch, numpy, msgpack and click), pip by a
 stand-in that records its arguments (tests run offline); the real pip run is in docs/unreal-install.md.
@@ -26,9 +26,7 @@ import pytest
 from click.testing import CliRunner
 
 from emulator.launch import ENGINE_STAND_IN_EXIT, EngineLayout
-from trainer.errors import LaunchError
-from trainer.handover import DROPIN_MARKER, is_la_trainer_script
-from trainer.install_engine import (
+from trainer.commands.install_engine import (
     ASIDE_PREFIX,
     ENGINE_PINS,
     ENGINE_SCRIPT,
@@ -41,6 +39,8 @@ from trainer.install_engine import (
     leftovers,
     uninstall,
 )
+from trainer.dropin.handover import DROPIN_MARKER, is_la_trainer_script
+from trainer.errors import LaunchError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -334,11 +334,11 @@ def test_an_old_file_that_cannot_be_deleted_does_not_break_the_swap(
             )
         real_rmtree(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    import trainer.install_engine as module
+    import trainer.commands.install_engine as module
 
     monkeypatch.setattr(module, "pip_install", RecordingPip("second"))
     monkeypatch.setattr(module, "_probe", fake_probe)
-    from trainer.cli import main
+    from trainer.commands.cli import main
 
     with monkeypatch.context() as patch:
         patch.setattr(shutil, "rmtree", rmtree_holding_a_pyd)
@@ -395,8 +395,8 @@ def test_a_failure_while_staging_leaves_the_previous_installation_whole(
 
 
 def _cli_install(project: Path, engine: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    import trainer.install_engine as module
-    from trainer.cli import main
+    import trainer.commands.install_engine as module
+    from trainer.commands.cli import main
 
     monkeypatch.setattr(module, "pip_install", RecordingPip("second"))
     monkeypatch.setattr(module, "_probe", fake_probe)
@@ -435,7 +435,7 @@ def test_a_project_it_cannot_write_to_ends_with_exit_2_and_the_fix(
 def test_a_read_only_project_ends_with_exit_2_and_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.cli import main
+    from trainer.commands.cli import main
 
     project, engine = _installed(tmp_path)
     root = project / INSTALL_FOLDER
@@ -455,7 +455,7 @@ def test_a_read_only_project_ends_with_exit_2_and_the_fix(
 def test_the_command_prints_what_it_did_and_how_to_undo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainer.install_engine as module
+    import trainer.commands.install_engine as module
 
     project, engine = _project(tmp_path)
     monkeypatch.setattr(module, "pip_install", RecordingPip())

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from trainer.transport.tcp import (
+from trainer.session.transport.tcp import (
     KEEPALIVE_IDLE_S,
     KEEPALIVE_INTERVAL_S,
     KEEPALIVE_PROBES,

@@ -30,11 +30,11 @@ from protocol.stream import encode_network_to_trainer
 from tests.support.configs import sample_networks, sample_replay, write_export
 from tests.support.links import NETWORK_IDS, PLATFORM, config, initial_networks, trained
 from trainer.errors import Interrupted, PeerGone, WaitTimeout
-from trainer.links import FileTrainerLink, KeepAlive, ShmTrainerLink, SocketTrainerLink
-from trainer.timeouts import Timeouts
-from trainer.transport.files import network_path
-from trainer.transport.shm import region_exists
-from trainer.transport.wait import StopRequested
+from trainer.session.links import FileTrainerLink, KeepAlive, ShmTrainerLink, SocketTrainerLink
+from trainer.session.transport.files import network_path
+from trainer.session.transport.shm import region_exists
+from trainer.session.transport.wait import StopRequested
+from trainer.settings.timeouts import Timeouts
 
 posix_ipc = pytest.importorskip("posix_ipc")
 

@@ -1,4 +1,4 @@
-"""trainer.transport.liveness: the spawning engine's liveness on POSIX (parent id) and on Windows (a process
+"""trainer.system.liveness: the spawning engine's liveness on POSIX (parent id) and on Windows (a process
 handle with a creation-time check, the venv launcher's parent): the watch's logic through a fake of the
 ProcessApi seam, and Win32Processes itself through the real prototype table on a fake kernel32 that
 converts arguments and results as ctypes does (tests/support/fake_kernel32.py)."""
@@ -17,8 +17,8 @@ import pytest
 
 from emulator.launch import REPO_ROOT
 from tests.support.fake_kernel32 import FakeKernel32, Process
-from trainer.transport import win32
-from trainer.transport.liveness import Win32Processes, parent_watch, process_watch
+from trainer.system import win32
+from trainer.system.liveness import Win32Processes, parent_watch, process_watch
 
 VENV_PYTHON = r"C:\Project\Intermediate\PipInstall\Scripts\python.exe"
 EDITOR = r"C:\UE_5.8\Engine\Binaries\Win64\UnrealEditor.exe"
@@ -72,7 +72,7 @@ def test_posix_parent_watch_is_true_while_our_parent_lives() -> None:
 GRANDCHILD = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from trainer.transport.liveness import parent_watch
+from trainer.system.liveness import parent_watch
 alive = parent_watch()
 out = open(sys.argv[2], "a")
 out.write(f"{int(alive())}\\n"); out.flush()

@@ -1,4 +1,4 @@
-"""trainer.transport.lockfile: one trainer per control block, robust to a crashed holder; the Windows path
+"""trainer.system.lockfile: one trainer per control block, robust to a crashed holder; the Windows path
 (byte-range lock past the pid, close-then-remove) through a stand-in for the rules Windows enforces."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from emulator.game import ShmGame
 from emulator.launch import REPO_ROOT
 from trainer.dropin.pinger import rank0_holds
 from trainer.errors import LaunchError
-from trainer.links import ShmTrainerLink
-from trainer.transport.lockfile import ControlBlockLock, WindowsLocks, lock_path
+from trainer.session.links import ShmTrainerLink
+from trainer.system.lockfile import ControlBlockLock, WindowsLocks, lock_path
 
 GUID = "{0A1B2C3D-4E5F-6071-8293-A4B5C6D7E8F9}"
 
@@ -42,7 +42,7 @@ def test_a_holder_killed_with_sigkill_does_not_block_the_next(tmp_path: Path) ->
     code = (
         "import sys, time\n"
         f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-        "from trainer.transport.lockfile import ControlBlockLock\n"
+        "from trainer.system.lockfile import ControlBlockLock\n"
         f"lock = ControlBlockLock({GUID!r}, folder={str(tmp_path)!r})\n"
         "print('held', flush=True)\n"
         "time.sleep(60)\n"

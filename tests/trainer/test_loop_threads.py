@@ -13,13 +13,19 @@ import torch
 
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from trainer.exitcodes import ExitCode
-from trainer.job import TrainingJob
-from trainer.links import MemoryLink
-from trainer.options import TrainerOptions
-from trainer.progress import read_status
-from trainer.run import THREADS_WORK_THRESHOLD, choose_threads, run_training
-from trainer.runrecord import find_run_folders, read_metrics
-from trainer.threads import ThreadPolicy, ThreadSettings, usable_cores
+from trainer.records.progress import read_status
+from trainer.records.runrecord import find_run_folders, read_metrics
+from trainer.session.links import MemoryLink
+from trainer.session.run import run_training
+from trainer.settings.options import TrainerOptions
+from trainer.training.job import TrainingJob
+from trainer.training.threads import (
+    THREADS_WORK_THRESHOLD,
+    ThreadPolicy,
+    ThreadSettings,
+    choose_threads,
+    usable_cores,
+)
 
 SETTINGS = SessionSettings(
     iteration_num=6, batch_size=32, hidden_layer_num=1, hidden_layer_size=16, device="CPU", seed=3
@@ -28,9 +34,9 @@ SETTINGS = SessionSettings(
 
 def test_the_threshold_splits_one_thread_from_several() -> None:
     options = TrainerOptions()
-    assert choose_threads(options, THREADS_WORK_THRESHOLD - 1) == 1
-    assert choose_threads(options, THREADS_WORK_THRESHOLD) == min(usable_cores(), 8)
-    assert choose_threads(dataclasses.replace(options, threads=3), 10) == 3  # an explicit choice wins
+    assert choose_threads(options.threads, THREADS_WORK_THRESHOLD - 1) == 1
+    assert choose_threads(options.threads, THREADS_WORK_THRESHOLD) == min(usable_cores(), 8)
+    assert choose_threads(dataclasses.replace(options, threads=3).threads, 10) == 3  # an explicit choice wins
 
 
 def test_prepare_job_sees_the_trainers_choice_and_the_banner_reports_its_cap(
@@ -70,7 +76,7 @@ def test_an_automatic_cpu_run_measures_its_threads_and_says_so_in_the_log_status
     def quick_policy(candidates: tuple[int, ...], *, threads: int) -> ThreadPolicy:
         return ThreadPolicy((1, 2), quick, threads=threads)
 
-    monkeypatch.setattr("trainer.run.ThreadPolicy", quick_policy)
+    monkeypatch.setattr("trainer.session.run.ThreadPolicy", quick_policy)
     previous = torch.get_num_threads()
     try:
         task = EngineTask.benchmark("bimodal", size=96, seed=0)

@@ -1,4 +1,4 @@
-"""Who maps a shared-memory region (trainer/transport/mappers.py): the liveness of an attached game.
+"""Who maps a shared-memory region (trainer/session/transport/mappers.py): the liveness of an attached game.
 
 Facts (Linux): a process that maps the region is found, and stops being found once it is SIGKILLed;
 this process and its descendants (which inherit its mappings) are never counted; a watch that found
@@ -17,14 +17,14 @@ import uuid
 import pytest
 
 from protocol.guid import os_shm_name
-from trainer.transport.mappers import MapperWatch, find_mappers, mapper_scan_available
-from trainer.transport.shm import SharedRegion
+from trainer.session.transport.mappers import MapperWatch, find_mappers, mapper_scan_available
+from trainer.session.transport.shm import SharedRegion
 
 pytestmark = pytest.mark.skipif(not mapper_scan_available(), reason="needs /proc and /dev/shm (Linux)")
 posix_ipc = pytest.importorskip("posix_ipc")
 
 MAP_AND_WAIT = (
-    "import sys, time; from trainer.transport.shm import SharedRegion; "
+    "import sys, time; from trainer.session.transport.shm import SharedRegion; "
     "r = SharedRegion.open(sys.argv[1], 40, label='test'); print('mapped', flush=True); time.sleep(120)"
 )
 

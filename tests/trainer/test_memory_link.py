@@ -1,4 +1,4 @@
-"""The in-memory link (trainer/links/memory.py), alone and under a whole training story.
+"""The in-memory link (trainer/session/links/memory.py), alone and under a whole training story.
 
 Facts: it hands out exactly the config, snapshots and replay buffer it was built with; it records every
 network sent, grouped into rounds, and Complete; Stop comes when asked (by a call, after N rounds, or from
@@ -32,10 +32,10 @@ from protocol.schema import parse_schema
 from protocol.snapshot import read_snapshot
 from trainer.errors import BadData, LaunchError
 from trainer.exitcodes import ExitCode
-from trainer.links import KeepAlive, MemoryLink, SentNetwork, TrainerLink
-from trainer.options import TrainerOptions
-from trainer.run import run_training
-from trainer.timeouts import Timeouts
+from trainer.session.links import KeepAlive, MemoryLink, SentNetwork, TrainerLink
+from trainer.session.run import run_training
+from trainer.settings.options import TrainerOptions
+from trainer.settings.timeouts import Timeouts
 
 OBS, ACT = 3, 2
 EPISODES, STEPS = 4, 32

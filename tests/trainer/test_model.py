@@ -14,7 +14,8 @@ import torch
 from protocol.engine.chunks import ChunkLayout
 from protocol.engine.networks import build_decoder, build_denoiser, build_encoder
 from protocol.nne.codec import structure_key, write_model
-from protocol.nne.layers import ELU, Array, Concat, Copy, Denormalize, Layer, Sequence, children
+from protocol.nne.layers import ELU, Array, Concat, Copy, Denormalize, Layer, Sequence
+from protocol.nne.layout import children
 from protocol.nne.reference import evaluate
 from protocol.schema import parse_schema
 from tests.support.models import (
@@ -28,10 +29,10 @@ from tests.support.models import (
     make_networks,
     train,
 )
-from trainer.data import TrainingData
 from trainer.errors import BadData, Unsupported
-from trainer.flow import source_spread
-from trainer.model import FlowModel, ModelSettings
+from trainer.training.data import TrainingData
+from trainer.training.flow import source_spread
+from trainer.training.model import FlowModel, ModelSettings
 
 # --------------------------------------------------------------------------------------------------
 # Fixtures shared with test_step.py
@@ -192,7 +193,7 @@ def test_normalize_latents_fits_the_source_to_the_data() -> None:
     assert model.source_std.min() > 3.0  # raw action units (Embed false): far from N(0, 1)
     plain, _ = make_model(False, False, 3)
     assert torch.equal(plain.source_std, torch.ones(9)) and not plain.fitted_source
-    # the training pair is the fitted-source path (trainer.flow.interpolate_fitted)
+    # the training pair is the fitted-source path (trainer.training.flow.interpolate_fitted)
     g = torch.Generator().manual_seed(0)
     x0, t = torch.randn((16, 9), generator=g), torch.rand((16, 1), generator=g)
     path = model.flow_path(x0, model.tensor_data(data).x1[:16], t)

@@ -1,4 +1,4 @@
-"""Facts about the torch twins of the NNE layers (trainer/nne_torch/), checked against the numpy oracle."""
+"""Facts about the torch twins of the NNE layers (trainer/training/nne_torch/), checked against the numpy oracle."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ from protocol.nne.layers import (
     Normalize,
     Sequence,
     TanH,
-    children,
 )
+from protocol.nne.layout import children
 from protocol.nne.reference import dequantize_weights, evaluate
 from tests.support.nne import MASKED_TYPES, SAMPLES, f32, linear, random_tree, sample_input
-from trainer.nne_torch import (
+from trainer.training.nne_torch import (
     MODULE_FACTORIES,
     CompressedLinearModule,
     LinearModule,
@@ -41,9 +41,9 @@ from trainer.nne_torch import (
     quantize_weights,
     to_torch,
 )
-from trainer.nne_torch.base import ModuleBuilder
-from trainer.nne_torch.basic import BASIC_MODULES
-from trainer.nne_torch.composite import COMPOSITE_MODULES
+from trainer.training.nne_torch.base import ModuleBuilder
+from trainer.training.nne_torch.basic import BASIC_MODULES
+from trainer.training.nne_torch.composite import COMPOSITE_MODULES
 
 ATOL = RTOL = 1e-5
 

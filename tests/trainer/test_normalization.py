@@ -26,7 +26,7 @@ from protocol.nne.reference import evaluate
 from protocol.schema import parse_schema
 from tests.support.schemas import cont
 from trainer.errors import Unsupported
-from trainer.normalization import (
+from trainer.training.normalization import (
     LayoutMismatch,
     elementwise_affine,
     fold_input_affine,

@@ -13,9 +13,9 @@ import pytest
 
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
-from trainer.options import (
+from trainer.settings.environment import NOT_OPTIONS
+from trainer.settings.options import (
     ALIASES,
-    OTHER_ENVIRONMENT_NAMES,
     SETTINGS_FILE_NAME,
     OptionError,
     TrainerOptions,
@@ -142,7 +142,7 @@ def test_settings_file_accepts_the_alias_but_not_both_spellings(tmp_path: Path) 
 def test_unknown_environment_names_warn_with_the_closest_name() -> None:
     environ = {
         "LA_TRAINER_ITERATON_NUM": "5",  # misspelt
-        "LA_TRAINER_TIMEOUT_SCALE": "1",  # read by trainer/timeouts.py, not an option
+        "LA_TRAINER_TIMEOUT_SCALE": "1",  # read by trainer/settings/timeouts.py, not an option
         "LA_TRAINER_THREADS": "1",
         "OTHER": "x",
     }
@@ -158,7 +158,7 @@ def test_unknown_environment_names_warn_with_the_closest_name() -> None:
 
 
 def test_every_option_has_a_declared_domain_and_a_docstring() -> None:
-    source = (REPO / "trainer" / "options.py").read_text(encoding="utf-8")
+    source = (REPO / "trainer" / "settings" / "options.py").read_text(encoding="utf-8")
     for f in fields(TrainerOptions):
         assert "domain" in f.metadata, f"{f.name}: declare its domain with _option()"
         assert re.search(rf"\n    {f.name}: .*?\n    \"\"\"", source, re.S), f"{f.name}: no docstring"
@@ -174,11 +174,9 @@ def _string_constants(path: Path) -> set[str]:
 
 
 def test_every_la_trainer_variable_the_code_reads_is_known() -> None:
-    """An option, an alias, or listed in OTHER_ENVIRONMENT_NAMES: otherwise setting it would draw the
+    """An option, an alias, or listed in NOT_OPTIONS: otherwise setting it would draw the
     'not a la-trainer setting' warning although something reads it."""
-    known = (
-        {env_name(n) for n in option_names()} | {env_name(a) for a in ALIASES} | set(OTHER_ENVIRONMENT_NAMES)
-    )
+    known = {env_name(n) for n in option_names()} | {env_name(a) for a in ALIASES} | set(NOT_OPTIONS)
     used: set[str] = set()
     for folder in ("trainer", "emulator", "scripts", "tests"):
         for path in (REPO / folder).rglob("*.py"):
@@ -192,9 +190,7 @@ def test_every_la_trainer_variable_the_code_reads_is_known() -> None:
 def test_every_la_trainer_variable_the_scripts_and_docs_name_is_known() -> None:
     """A variable the set-up scripts read (LA_TRAINER_TORCH, LA_TRAINER_VENV) is often still set in the
     shell that then runs la-trainer: it must not be warned about as a misspelt option."""
-    known = (
-        {env_name(n) for n in option_names()} | {env_name(a) for a in ALIASES} | set(OTHER_ENVIRONMENT_NAMES)
-    )
+    known = {env_name(n) for n in option_names()} | {env_name(a) for a in ALIASES} | set(NOT_OPTIONS)
     files = [REPO / "README.md", REPO / "Dockerfile", *(REPO / "docs").rglob("*.md")]
     files += [path for path in (REPO / "scripts").iterdir() if path.suffix in (".sh", ".ps1")]
     named: set[str] = set()

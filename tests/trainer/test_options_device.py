@@ -15,10 +15,10 @@ from click.testing import CliRunner
 
 from tests.support.recordings import make_record as one_record
 from tests.support.recordings import record_files as recorder_files
-from trainer.cli import main
+from trainer.commands.cli import main
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
-from trainer.run import choose_device
+from trainer.training.device import choose_device
 
 
 def _cuda(monkeypatch: pytest.MonkeyPatch, count: int) -> None:

@@ -1,9 +1,11 @@
-"""The parse-time checks of trainer/options.py agree with the torch-side parsers they stand in for.
+"""The option checks of trainer/settings/options.py agree with the torch-side values they stand for.
 
-options.py must not import torch (a bad value is refused within a second of starting), so it restates
-two grammars owned elsewhere: ``--time-distribution`` (:meth:`trainer.flow.TimeDistribution.parse`) and the
-``--ode-steps`` range (:class:`trainer.steps.distill.DistillSettings`). These tests fail when one side
-changes without the other.
+``--time-distribution`` has one grammar, :meth:`trainer.settings.time_density.TimeDensity.parse`: the option
+is parsed into a :class:`TimeDensity` where it is read, and the training draws from that value
+(:meth:`trainer.training.flow.TimeDistribution.of`); the first test holds that fact. The ``--ode-steps``
+range is restated from :class:`trainer.training.steps.distill.DistillSettings` (options.py must not import
+torch: a bad value is refused within a second of starting); the second fails when one side changes without
+the other.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 import pytest
 
 from trainer.errors import LaunchError
-from trainer.flow import TimeDistribution
-from trainer.options import TrainerOptions
-from trainer.steps.distill import DistillSettings
+from trainer.settings.options import TrainerOptions
+from trainer.training.flow import TimeDistribution
+from trainer.training.steps.distill import DistillSettings
 
 TIME_TEXTS = [
     "uniform",

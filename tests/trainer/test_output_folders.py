@@ -1,4 +1,4 @@
-"""trainer.runrecord.check_output_folder: the one check of every folder a command writes into (issue 24
+"""trainer.records.runrecord.check_output_folder: the one check of every folder a command writes into (issue 24
 item 2). CI runs as root, which passes every permission bit, so "not writable" is shown two ways that
 refuse root too: a regular file where a parent folder should be, and the ``os.access`` seam."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
-from trainer.runrecord import check_output_folder
+from trainer.records.runrecord import check_output_folder
 
 
 def test_a_missing_folder_is_created_with_its_parents(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from protocol.record import Record
 from protocol.snapshot import read_snapshot_header
 from tests.support.recordings import OBSERVATION, make_record, record_files
+from trainer.commands.record import record_command
 from trainer.exitcodes import ExitCode
-from trainer.record_cli import record_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,15 @@ SET_OBSERVATION: dict[str, Any] = {
 def test_record_trains_an_export_of_the_recording(tmp_path: Path) -> None:
     record_file, schema_file = record_files(tmp_path, [make_record(40, seed=1), make_record(25, seed=2)])
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "trainer.cli", "record", str(record_file), "--schema", str(schema_file)]
+    command = [
+        sys.executable,
+        "-m",
+        "trainer.commands.cli",
+        "record",
+        str(record_file),
+        "--schema",
+        str(schema_file),
+    ]
     options = ["--out", str(out), "--iterations", "30", "--batch-size", "16", "--hidden-size", "8"]
     env = {**os.environ, "LA_TRAINER_THREADS": "1"}
     done = subprocess.run(

@@ -1,4 +1,4 @@
-"""The Windows branch of trainer.transport.shm, through its seams (nothing here runs on Windows): the
+"""The Windows branch of trainer.session.transport.shm, through its seams (nothing here runs on Windows): the
 engine's bare ``{GUID}`` mapping name first, ``Global\\{GUID}`` as the fallback, never a silent creation
 when opening (spec §2.1, §11 item 8)."""
 
@@ -9,12 +9,12 @@ import mmap
 
 import pytest
 
-import trainer.transport.shm as shm
+import trainer.session.transport.shm as shm
 from protocol.guid import os_shm_name
 from tests.support.fake_kernel32 import FakeKernel32, Process
 from trainer.errors import LaunchError
-from trainer.transport import win32
-from trainer.transport.mappers import HandleCountWatch
+from trainer.session.transport.mappers import HandleCountWatch
+from trainer.system import win32
 
 GUID = "{6B29FC40-CA47-1067-B31D-00DD010662DA}"
 
@@ -98,7 +98,7 @@ def test_a_mapping_that_refuses_us_still_exists() -> None:
     assert mapping_exists(fake, GUID)
 
 
-# --- attach mode: the game's liveness through the handle count of our mapping (trainer/transport/mappers) --
+# --- attach mode: the game's liveness through the handle count of our mapping (trainer/session/transport/mappers) --
 
 
 def handle_watch(fake: FakeKernel32) -> HandleCountWatch:

@@ -18,7 +18,7 @@ from tests.support.replay import (
     assert_same,
     fill_regions,
 )
-from trainer.transport.staging import ReplayStaging
+from trainer.session.transport.staging import ReplayStaging
 
 
 def _staging(layout: ReplayLayout, rb: ReplayBuffer) -> tuple[ReplayStaging, dict[str, bytearray]]:

@@ -12,13 +12,13 @@ import torch
 from protocol.engine.networks import build_decoder, build_denoiser, build_encoder
 from protocol.schema import parse_schema
 from tests.support.models import make_model, train
-from trainer.data import Batch, TensorData, TrainingData
 from trainer.errors import Diverged
-from trainer.flow import TimeDistribution
-from trainer.model import FlowModel, ModelSettings
-from trainer.nne_torch import LinearModule
-from trainer.steps.autograd import BatchSampler, make_optimizer, set_learning_rate, train_step
-from trainer.steps.base import StepMetrics
+from trainer.training.data import Batch, TensorData, TrainingData
+from trainer.training.flow import TimeDistribution
+from trainer.training.model import FlowModel, ModelSettings
+from trainer.training.nne_torch import LinearModule
+from trainer.training.steps.autograd import BatchSampler, make_optimizer, set_learning_rate, train_step
+from trainer.training.steps.base import StepMetrics
 
 
 @pytest.fixture(autouse=True)

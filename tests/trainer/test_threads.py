@@ -1,4 +1,4 @@
-"""The thread policy's decisions (trainer.threads), fed simulated step times: no timed assertion anywhere.
+"""The thread policy's decisions (trainer.training.threads), fed simulated step times: no timed assertion anywhere.
 
 A simulated machine gives each step's duration from the thread count and the simulated clock, shaped like
 the measurements of issue 28 on 2 cores (benchmarks/results/busy-machine.jsonl): idle, two threads are
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from trainer.threads import (
+from trainer.training.threads import (
     ThreadChoice,
     ThreadPolicy,
     ThreadSettings,

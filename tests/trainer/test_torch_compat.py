@@ -1,4 +1,4 @@
-"""trainer.torch_compat: the fallbacks for torch APIs newer than the engine's torch (spec §11 item 1).
+"""trainer.system.torch_compat: the fallbacks for torch APIs newer than the engine's torch (spec §11 item 1).
 
 Facts: the fallback is bitwise the native ``get_total_norm`` where torch has it (so seeded runs do not
 change), and bitwise what ``clip_grad_norm_`` reports on every torch (the engine's 2.5.1 included, where
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from trainer.torch_compat import total_norm, total_norm_fallback
+from trainer.system.torch_compat import total_norm, total_norm_fallback
 
 SHAPES_AND_SCALES = (((129, 64), 1e-3), ((64,), 3.0), ((64, 8), 1e4), ((8,), 0.5), ((1,), 0.0))
 

@@ -1,6 +1,6 @@
 """TensorBoard / MLflow: switched on from Unreal (UseTensorBoard / UseMLflow) or from our side (--tensorboard,
 --mlflow URI); where runs go; what is logged (losses per phase, it/s, learning rate, the configuration,
-the final networks); and that a missing or failing tracker never ends a run (trainer/trackers.py)."""
+the final networks); and that a missing or failing tracker never ends a run (trainer/records/trackers.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any, ClassVar
 import pytest
 
 from protocol.config import TrainerConfig
-from trainer.options import TrainerOptions
-from trainer.runrecord import MetricsPoint, RunLog, free_run_name, run_name
-from trainer.trackers import Trackers
+from trainer.records.runrecord import MetricsPoint, RunLog, free_run_name, run_name
+from trainer.records.trackers import Trackers
+from trainer.settings.options import TrainerOptions
 
 
 class FakeWriter:
@@ -146,7 +146,7 @@ def test_mlflow_gets_uri_run_name_metrics_params_and_networks(tmp_path: Path) ->
     assert fake.uri == "http://mlflow:5000"
     assert fake.run_name == NAME
     assert fake.metrics == [({"loss/flow_matching": 0.25}, 200)] and fake.ended
-    assert fake.params["option.time_distribution"] == OFF.time_distribution
+    assert fake.params["option.time_distribution"] == str(OFF.time_distribution)
     assert fake.params["engine.FlowMatchingTrainingSettings.BatchSize"] == str(config.training.batch_size)
     assert fake.artifacts == [(str(network), "networks")]
 

@@ -11,7 +11,7 @@ import pytest
 from protocol.config import session_from_files
 from tests.support.configs import MODEL, TRAINER, sample_networks, sample_replay, small_data, write_export
 from trainer.errors import BadData, LaunchError
-from trainer.transport.files import (
+from trainer.session.transport.files import (
     find_training_materials,
     network_path,
     read_training_materials,

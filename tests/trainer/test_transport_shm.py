@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from trainer.errors import LaunchError
-from trainer.transport.shm import SharedRegion, region_exists
+from trainer.session.transport.shm import SharedRegion, region_exists
 
 posix_ipc = pytest.importorskip("posix_ipc")
 
@@ -156,7 +156,7 @@ def test_sigterm_unlinks_our_region(shm_name: str) -> None:
     proc = _run_child(
         f"""
         import time
-        from trainer.transport.shm import SharedRegion
+        from trainer.session.transport.shm import SharedRegion
         region = SharedRegion.create({shm_name!r}, 40)
         print("ready", flush=True)
         time.sleep(30)
@@ -173,7 +173,7 @@ def test_sigterm_unlinks_our_region(shm_name: str) -> None:
 def test_process_exit_without_close_unlinks_our_region(shm_name: str, ending: str) -> None:
     proc = _run_child(
         f"""
-        from trainer.transport.shm import SharedRegion
+        from trainer.session.transport.shm import SharedRegion
         region = SharedRegion.create({shm_name!r}, 40)
         {ending}
         """,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from trainer.errors import LaunchError, PeerGone, WaitTimeout
-from trainer.transport.tcp import TcpConnection, TcpServer, connect_with_retry, is_loopback
+from trainer.session.transport.tcp import TcpConnection, TcpServer, connect_with_retry, is_loopback
 
 HOST = "127.0.0.1"
 

@@ -1,4 +1,4 @@
-"""The one wait policy (trainer/transport/wait.py) that every blocking call of every link uses.
+"""The one wait policy (trainer/session/transport/wait.py) that every blocking call of every link uses.
 
 Facts: the first truthy predicate result is returned; each poll checks stop, the caller's own ``check``,
 interrupt, the deadline (the peer first) and the periodic peer check in that order, each with its own
@@ -14,7 +14,7 @@ import pytest
 
 from trainer.errors import Interrupted, PeerGone, WaitTimeout
 from trainer.exitcodes import ExitCode
-from trainer.transport.wait import TIMEOUT_HINT, StopRequested, wait_until
+from trainer.session.transport.wait import TIMEOUT_HINT, StopRequested, wait_until
 
 # --- the basic rules ----------------------------------------------------------------------------------
 

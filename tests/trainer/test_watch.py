@@ -1,4 +1,4 @@
-"""``la-trainer watch``'s judgement and drawing (trainer/watch.py) on status files written by hand: which
+"""``la-trainer watch``'s judgement and drawing (trainer/commands/watch.py) on status files written by hand: which
 runs are healthy, which exit code says what, which file is followed, how a terminal is redrawn."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from trainer.commands.watch import Verdict, find_status_files, judge, render, watch
 from trainer.exitcodes import ExitCode
-from trainer.progress import STATUS_FILE_NAME, RunPhase, Status, read_status, write_status
-from trainer.watch import Verdict, find_status_files, judge, render, watch
+from trainer.records.progress import STATUS_FILE_NAME, RunPhase, Status, read_status, write_status
 
 HOST = "this-host"
 NOW = 1_000_000.0

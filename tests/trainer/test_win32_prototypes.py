@@ -2,7 +2,7 @@
 prototype agrees with the documented C signature on 64-bit Windows (issue 22: undeclared kernel32 calls
 cut 64-bit handles to C ints, and every engine-spawned Windows run judged its engine dead).
 
-Checked on Linux without loading a DLL: the prototypes are data (:data:`trainer.transport.win32.PROTOTYPES`);
+Checked on Linux without loading a DLL: the prototypes are data (:data:`trainer.system.win32.PROTOTYPES`);
 the calls are found by reading the source; the documented signatures below are written from Microsoft's
 reference pages (and prctl(2) for the one Linux call of the test support), independently of the table.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support import faults
-from trainer.transport import win32
+from trainer.system import win32
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("trainer", "protocol", "emulator", "scripts", "benchmarks", "tests/support")
@@ -118,11 +118,11 @@ _LOADERS = {
     "LibraryLoader",
     "LoadLibrary",
 }
-# Where a DLL may be loaded: the library of trainer.transport.win32, and libc for the test support's prctl
+# Where a DLL may be loaded: the library of trainer.system.win32, and libc for the test support's prctl
 # (each applies a declared prototype to what it takes from the DLL).
 _LOADING_ALLOWED = {
-    ("trainer/transport/win32.py", "kernel32"),
-    ("trainer/transport/win32.py", "ntdll"),
+    ("trainer/system/win32.py", "kernel32"),
+    ("trainer/system/win32.py", "ntdll"),
     ("tests/support/faults.py", "libc_prctl"),
 }
 
@@ -153,7 +153,7 @@ def dll_loads(tree: ast.AST) -> list[tuple[str, int]]:
 
 
 def kernel32_calls(tree: ast.AST, dll: str = "kernel32") -> set[str]:
-    """Names of the functions taken from a :func:`trainer.transport.win32.kernel32` (or ``ntdll``) library:
+    """Names of the functions taken from a :func:`trainer.system.win32.kernel32` (or ``ntdll``) library:
     attributes of ``kernel32()`` itself and of every name or attribute it is assigned to (``self._k32``,
     ``kernel32``)."""
 
@@ -198,7 +198,7 @@ def test_dlls_are_loaded_only_where_prototypes_are_applied() -> None:
         if (path.relative_to(ROOT).as_posix(), function) not in _LOADING_ALLOWED
     ]
     assert not stray, (
-        "ctypes DLLs loaded outside trainer.transport.win32 (calls without prototypes): " + ", ".join(stray)
+        "ctypes DLLs loaded outside trainer.system.win32 (calls without prototypes): " + ", ".join(stray)
     )
 
 
@@ -208,15 +208,15 @@ def test_every_kernel32_function_the_code_calls_is_declared() -> None:
     undeclared = {path: sorted(names - declared) for path, names in calls.items() if names - declared}
     assert not undeclared, f"kernel32 functions without a prototype: {undeclared}"
     # The scan sees the calls it must see (a scan that finds nothing would pass anything).
-    assert {"OpenProcess", "GetProcessTimes", "GetCurrentProcess"} <= calls["trainer/transport/liveness.py"]
-    assert {"OpenFileMappingW", "CloseHandle"} <= calls["trainer/transport/shm.py"]
+    assert {"OpenProcess", "GetProcessTimes", "GetCurrentProcess"} <= calls["trainer/system/liveness.py"]
+    assert {"OpenFileMappingW", "CloseHandle"} <= calls["trainer/session/transport/shm.py"]
     assert set().union(*calls.values()) == declared, "a declared prototype no code calls"
 
 
 def test_every_ntdll_function_the_code_calls_is_declared() -> None:
     calls = source_calls("ntdll")
     declared = {prototype.name for prototype in win32.PROTOTYPES if prototype.dll == "ntdll"}
-    assert calls == {"trainer/transport/mappers.py": declared} and declared == {"NtQueryObject"}
+    assert calls == {"trainer/session/transport/mappers.py": declared} and declared == {"NtQueryObject"}
 
 
 def test_the_scan_finds_an_undeclared_call() -> None:

@@ -4,14 +4,15 @@ Launch: ``torchrun --nproc-per-node N [--nnodes M ...] -m trainer.distributed <e
 every mode: ``docs/scale-out.md``). ``python -m trainer.distributed`` outside torchrun is the ordinary
 trainer, or, with ``LA_TRAINER_NPROC_PER_NODE=N``, re-executes itself under torchrun (engine-spawned mode).
 
-Modules, in the order a run meets them: :mod:`~trainer.distributed.launch` (the entry point),
+Modules, in the order a run meets them (the entry point, ``python -m trainer.distributed``, is the drop-in's
+:mod:`trainer.dropin.scale_out`):
 :mod:`~trainer.distributed.environment` (torchrun's variables and ours, seeds, the batch share),
 :mod:`~trainer.distributed.rank` (one rank start to end), :mod:`~trainer.distributed.frames` (what rank 0
 broadcasts), :mod:`~trainer.distributed.links` (each rank's link), :mod:`~trainer.distributed.job` (the
 job on every rank), :mod:`~trainer.distributed.state` (what a rank's threads share),
 :mod:`~trainer.distributed.watchdog`, :mod:`~trainer.distributed.errors`.
 
-Roles. Rank 0 alone talks to the game (shared memory or socket): it runs :func:`trainer.run.run_training`
+Roles. Rank 0 alone talks to the game (shared memory or socket): it runs :func:`trainer.session.run.run_training`
 over the real link, wrapped in :class:`Rank0Link`, which broadcasts what arrives — our options, the
 config, the three snapshots, the replay buffer — to the other ranks as uint8 tensors holding the
 protocol's own encodings (JSON, snapshot bytes, the socket replay layout; never pickle). Ranks ≥ 1 run the
@@ -25,7 +26,7 @@ Equivalence (what is guaranteed). World size 1 runs the ordinary code path uncha
 With N ranks the global batch stays the config's ``BatchSize`` (it must divide by N) and every rank
 trains on B / N rows of it. Gradients are averaged: by DDP for the autograd step (a trained encoder,
 distillation, layers the fused step does not cover), by one all-reduce of the flat gradient buffer for
-:class:`trainer.steps.fused.FusedStep` (the engine's MLP with a frozen encoder), see
+:class:`trainer.training.steps.fused.FusedStep` (the engine's MLP with a frozen encoder), see
 :class:`RankAveraging`. The average of the per-rank mean-loss gradients is the gradient of the mean
 loss over the concatenated batch, so given the same rows and noise one N-rank update equals the
 1-process update on the whole batch up to float32 summation order (tested on the DDP path: max
@@ -51,13 +52,6 @@ from trainer.distributed.environment import (
     DEFAULT_AGREE_EVERY,
     DEFAULT_STALL_S,
     DEFAULT_TIMEOUT_S,
-    ENV_AGREE,
-    ENV_BACKEND,
-    ENV_ENGINE_PID,
-    ENV_NPROC,
-    ENV_STALL,
-    ENV_TIMEOUT,
-    ENV_TORCHRUN_ARGS,
     DistEnv,
     ShardSampler,
     derive_seed,
@@ -86,7 +80,6 @@ from trainer.distributed.job import (
     scale_out_job,
     sync_start_state,
 )
-from trainer.distributed.launch import main, torchrun_command
 from trainer.distributed.links import BroadcastLink, Rank0Link
 from trainer.distributed.rank import run_rank
 from trainer.distributed.state import RankContext, RunState
@@ -98,13 +91,6 @@ __all__ = [
     "DEFAULT_AGREE_EVERY",
     "DEFAULT_STALL_S",
     "DEFAULT_TIMEOUT_S",
-    "ENV_AGREE",
-    "ENV_BACKEND",
-    "ENV_ENGINE_PID",
-    "ENV_NPROC",
-    "ENV_STALL",
-    "ENV_TIMEOUT",
-    "ENV_TORCHRUN_ARGS",
     "FRAME_HEADER_WORDS",
     "FRAME_MAGIC",
     "MAX_CONFIG_BYTES",
@@ -131,10 +117,8 @@ __all__ = [
     "encode_options",
     "is_collective_failure",
     "local_batch_size",
-    "main",
     "run_rank",
     "scale_out_job",
     "select_backend",
     "sync_start_state",
-    "torchrun_command",
 ]

@@ -11,22 +11,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.data import Batch, TensorData
-from trainer.dropin import ENV_ENGINE_PID, ENV_NPROC, ENV_TORCHRUN_ARGS
 from trainer.errors import LaunchError
-from trainer.steps.autograd import BatchSampler
+from trainer.training.data import Batch, TensorData
+from trainer.training.steps.autograd import BatchSampler
 
 __all__ = [
     "DEFAULT_AGREE_EVERY",
     "DEFAULT_STALL_S",
     "DEFAULT_TIMEOUT_S",
-    "ENV_AGREE",
-    "ENV_BACKEND",
-    "ENV_ENGINE_PID",
-    "ENV_NPROC",
-    "ENV_STALL",
-    "ENV_TIMEOUT",
-    "ENV_TORCHRUN_ARGS",
     "STORE_PREFIX",
     "DistEnv",
     "ShardSampler",
@@ -37,19 +29,10 @@ __all__ = [
     "select_backend",
 ]
 
-ENV_BACKEND = "LA_TRAINER_DIST_BACKEND"
-"""Override the process-group backend string (default: ``cpu:gloo,cuda:nccl`` with CUDA, else ``gloo``)."""
-ENV_TIMEOUT = "LA_TRAINER_DIST_TIMEOUT_SECONDS"
-"""Collective timeout, seconds (default :data:`DEFAULT_TIMEOUT_S`)."""
-ENV_AGREE = "LA_TRAINER_DIST_AGREE_EVERY"
-"""Steps between the ranks' agreements on stop / interrupt / loss (default 8)."""
-ENV_STALL = "LA_TRAINER_DIST_STALL_SECONDS"
-"""Seconds a training step may wait on the other ranks before rank 0 gives up (default 300)."""
-
 DEFAULT_TIMEOUT_S = 86_400.0
 """A day. The other ranks wait in a collective while rank 0 waits for the game, and rank 0 waits for as long
 as the game lives (a paused editor, a game that begins training minutes after spawning us,
-:mod:`trainer.timeouts`), so this bound is only a last resort against a hung rank. A rank that dies is
+:mod:`trainer.settings.timeouts`), so this bound is only a last resort against a hung rank. A rank that dies is
 noticed at once (its gloo connections close), a rank stuck in a step by the :class:`Watchdog`."""
 DEFAULT_AGREE_EVERY = 8
 DEFAULT_STALL_S = 300.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from enum import IntEnum
 
 import numpy as np
@@ -23,7 +23,7 @@ from protocol.config import (
 )
 from protocol.replay import ReplayBuffer, ReplayLayout
 from trainer.distributed.errors import ScaleOutError
-from trainer.options import TrainerOptions, load_options
+from trainer.settings.options import TrainerOptions, load_options, options_json
 
 __all__ = [
     "CHUNK_BYTES",
@@ -48,7 +48,7 @@ CHUNK_BYTES = 64 * 1024 * 1024
 """Payloads travel in broadcasts of at most this many bytes (bounds the staging copy and gloo's buffers)."""
 MAX_OPTIONS_BYTES = 1 << 20
 MAX_CONFIG_BYTES = 256 * 1024 * 1024
-"""As ``trainer.links.CONFIG_FILE_LIMIT``: real configs are kilobytes."""
+"""As ``trainer.session.transport.files.CONFIG_FILE_LIMIT``: real configs are kilobytes."""
 MAX_STATE_BYTES = 64 * 1024 * 1024
 """JSON skeleton of the start state (tensor names, shapes); the tensors follow as their own broadcasts."""
 
@@ -58,7 +58,7 @@ MAX_STATE_BYTES = 64 * 1024 * 1024
 
 
 def encode_options(options: TrainerOptions) -> bytes:
-    return json.dumps({f.name: getattr(options, f.name) for f in fields(options)}).encode("utf-8")
+    return json.dumps(options_json(options)).encode("utf-8")
 
 
 def decode_options(raw: bytes) -> TrainerOptions:

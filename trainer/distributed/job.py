@@ -26,8 +26,8 @@ from trainer.distributed.frames import MAX_STATE_BYTES, FrameKind
 from trainer.distributed.state import RankContext
 from trainer.errors import Diverged, exit_code_for
 from trainer.exitcodes import ExitCode
-from trainer.job import TrainingJob
-from trainer.progress import log
+from trainer.system.console import log
+from trainer.training.job import TrainingJob
 
 __all__ = [
     "CHECKSUM_MODULUS",
@@ -63,11 +63,11 @@ class _GradientCarrier(nn.Module):
 
 
 class RankAveraging:
-    """:class:`trainer.steps.base.GradientAveraging` across the ranks of this job.
+    """:class:`trainer.training.steps.base.GradientAveraging` across the ranks of this job.
 
     Autograd steps (a trained encoder, distillation, layers the fused step does not cover): DDP, armed
     before each step over a :class:`_GradientCarrier`, averages the gradients while the backward runs.
-    The fused step (:class:`trainer.steps.fused.FusedStep`) has no autograd graph for DDP to hook into;
+    The fused step (:class:`trainer.training.steps.fused.FusedStep`) has no autograd graph for DDP to hook into;
     its gradients already live in one contiguous buffer, which is what DDP's reducer builds (as buckets)
     before it calls the same c10d all-reduce, so that buffer is all-reduced once, between its backward and
     its AdamW. Each rank's fused step draws its own B / N rows (with replacement, so the union is
@@ -311,7 +311,7 @@ def scale_out_job(job: TrainingJob, ctx: RankContext) -> DistributedTrainingJob:
     job.generator.manual_seed(derive_seed(training.seed, start, 1 + env.rank))
     sampler = ShardSampler(job.tensors, training.batch_size, env.rank, env.world_size, index_generator)
     values = {f.name: getattr(job, f.name) for f in fields(job) if f.init}
-    # Held-out measurements (trainer.heldout) on rank 0 only: every rank holds the same split (seeded by
+    # Held-out measurements (trainer.training.heldout) on rank 0 only: every rank holds the same split (seeded by
     # the config), the others would only repeat rank 0's numbers. They read the weights, never the
     # training stream, so the ranks stay in step; the others wait in their next collective meanwhile.
     heldout = job.heldout if env.leader else None

@@ -7,17 +7,18 @@ import os
 from typing import TYPE_CHECKING
 
 from protocol.config import SessionConfig
+from protocol.names import CommType
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import read_snapshot
-from trainer.distributed.environment import ENV_ENGINE_PID
 from trainer.distributed.state import RankContext
 from trainer.errors import PeerGone
-from trainer.run import SyncRounds, encode_networks
-from trainer.transport.liveness import process_watch
+from trainer.session.run import SyncRounds, encode_networks
+from trainer.settings.environment import ENV_ENGINE_PID
+from trainer.system.liveness import process_watch
 
 if TYPE_CHECKING:
-    from trainer.job import TrainingJob
-    from trainer.links import TrainerLink
+    from trainer.session.links import TrainerLink
+    from trainer.training.job import TrainingJob
 
 __all__ = ["BroadcastLink", "Rank0Link"]
 
@@ -38,7 +39,7 @@ class Rank0Link:
         ctx.state.link = self
 
     @property
-    def comm_type(self) -> str:
+    def comm_type(self) -> CommType:
         return self.real.comm_type
 
     def _poll_game(self) -> bool:
@@ -99,7 +100,7 @@ def _engine_pid() -> int | None:
 class BroadcastLink:
     """Ranks ≥ 1: receives what rank 0 broadcasts; sends nothing; stops when the ranks agree."""
 
-    comm_type = "Unknown"
+    comm_type = CommType.UNKNOWN
     """The game's transport is rank 0's business (it names only the trackers' run)."""
 
     def __init__(self, ctx: RankContext) -> None:

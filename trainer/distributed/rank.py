@@ -18,15 +18,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
 
-from trainer.app import InterruptFlag, run_with_link
 from trainer.distributed.environment import (
     DEFAULT_AGREE_EVERY,
     DEFAULT_STALL_S,
     DEFAULT_TIMEOUT_S,
-    ENV_AGREE,
-    ENV_BACKEND,
-    ENV_STALL,
-    ENV_TIMEOUT,
     DistEnv,
     env_int,
     float_env,
@@ -40,12 +35,14 @@ from trainer.distributed.state import PEER_GRACE_S, ConsensusInterrupt, RankCont
 from trainer.distributed.watchdog import Watchdog
 from trainer.errors import exit_code_for
 from trainer.exitcodes import ExitCode
-from trainer.options import TrainerOptions
-from trainer.progress import log
-from trainer.timeouts import Timeouts
+from trainer.session.app import InterruptFlag, run_with_link
+from trainer.settings.environment import ENV_AGREE, ENV_BACKEND, ENV_STALL, ENV_TIMEOUT
+from trainer.settings.options import TrainerOptions
+from trainer.settings.timeouts import Timeouts
+from trainer.system.console import log, log_error
 
 if TYPE_CHECKING:
-    from trainer.links import TrainerLink
+    from trainer.session.links import TrainerLink
 
 __all__ = ["run_rank"]
 
@@ -53,10 +50,10 @@ __all__ = ["run_rank"]
 def _training(
     ctx: RankContext, options: TrainerOptions, task_dir: Path | None
 ) -> Callable[[Any, InterruptFlag], int]:
-    """The story each rank runs inside :func:`trainer.app.run_with_link`."""
+    """The story each rank runs inside :func:`trainer.session.app.run_with_link`."""
 
     def train(link: Any, flag: InterruptFlag) -> int:
-        from trainer.run import run_training
+        from trainer.session.run import run_training
 
         ctx.local_interrupt = flag.is_set
         try:
@@ -76,7 +73,7 @@ def _training(
             raise
         if ctx.state.lost:
             where = "; the game got the last good networks and Complete" if ctx.env.leader else ""
-            print(f"la-trainer: {ctx.state.lost}{where}.", file=sys.stderr, flush=True)
+            log_error(f"la-trainer: {ctx.state.lost}{where}.")
             return ctx.state.lost_code
         return int(result)
 
@@ -84,7 +81,7 @@ def _training(
 
 
 def _leader_runner(ctx: RankContext) -> Callable[..., int]:
-    """What :func:`trainer.app.engine_main` calls on rank 0 once argv and options are valid."""
+    """What :func:`trainer.dropin.engine.engine_main` calls on rank 0 once argv and options are valid."""
 
     def runner(
         open_link: Callable[[InterruptFlag], TrainerLink], *, options: TrainerOptions, task_dir: Path | None
@@ -163,7 +160,7 @@ def run_rank(
             ended = None if env.leader else ctx.wait_read("outcome", PEER_GRACE_S)
             if ended is not None:  # rank 0 could not start (bad command line, no game): follow it
                 code, why = ended[0], f"rank 0 ended (exit code {ended[0]}): {ended[1]}"
-        print(f"la-trainer[rank {env.rank}]: scale-out could not start: {why}", file=sys.stderr, flush=True)
+        log_error(f"la-trainer[rank {env.rank}]: scale-out could not start: {why}")
     finally:
         watchdog.stop()
         if env.leader:

@@ -7,22 +7,28 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer.distributed.environment import DEFAULT_AGREE_EVERY, DistEnv
 from trainer.distributed.errors import RankLost, first_line
 from trainer.distributed.frames import RankChannel
 from trainer.exitcodes import ExitCode
-from trainer.timeouts import Timeouts
+from trainer.settings.timeouts import Timeouts
 
 if TYPE_CHECKING:
-    from trainer.distributed.job import DistributedTrainingJob
-    from trainer.distributed.links import Rank0Link
+    from trainer.training.job import TrainingJob
 
-__all__ = ["PEER_GRACE_S", "ConsensusInterrupt", "RankContext", "RunState"]
+__all__ = ["PEER_GRACE_S", "ConsensusInterrupt", "FinishingLink", "RankContext", "RunState"]
 
 PEER_GRACE_S = 1.0
 """How long a published failure of another rank waits for the main thread to notice it by itself."""
+
+
+class FinishingLink(Protocol):
+    """What the watchdog needs from rank 0's link to end a stuck run (:class:`trainer.distributed.links.
+    Rank0Link`)."""
+
+    def emergency_complete(self, job: TrainingJob) -> None: ...
 
 
 @dataclass
@@ -40,8 +46,10 @@ class RunState:
     lost: str = ""
     lost_code: int = int(ExitCode.PEER_GONE)
     failure_published: bool = False
-    job: DistributedTrainingJob | None = None
-    link: Rank0Link | None = None
+    job: TrainingJob | None = None
+    """Rank 0's job (:class:`trainer.distributed.job.DistributedTrainingJob`), for the watchdog."""
+    link: FinishingLink | None = None
+    """Rank 0's link (:class:`trainer.distributed.links.Rank0Link`), for the watchdog."""
 
     @contextlib.contextmanager
     def stepping(self) -> Iterator[None]:

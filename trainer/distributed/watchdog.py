@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from trainer.distributed.state import PEER_GRACE_S, RankContext
 from trainer.exitcodes import ExitCode
+from trainer.system.console import log_error
 
 __all__ = ["SIGNAL_GRACE_S", "WATCH_PERIOD_S", "Watchdog"]
 
@@ -123,16 +124,12 @@ class Watchdog:
         done = state.iterations_done
         message = f"scale-out: {reason}; training stopped at iteration {done}"
         code = int(ExitCode.PEER_GONE)
-        print(
-            f"la-trainer: {message}. Sending the networks of iteration {done} and Complete.",
-            file=sys.stderr,
-            flush=True,
-        )
+        log_error(f"la-trainer: {message}. Sending the networks of iteration {done} and Complete.")
         try:
             if state.link is not None:
                 state.link.emergency_complete(state.job)
         except BaseException as error:  # the process ends below whatever happens
-            print(f"la-trainer: could not send the final networks: {error}", file=sys.stderr, flush=True)
+            log_error(f"la-trainer: could not send the final networks: {error}")
         self.ctx.publish("outcome", code, message)
         self._flush_and_exit(code)
 
@@ -146,10 +143,8 @@ class Watchdog:
                 if self._stop.wait(PEER_GRACE_S):
                     return  # the main thread finished by itself
                 code, text = outcome
-                print(
-                    f"la-trainer[rank {self.ctx.env.rank}]: rank 0 ended (exit code {code}): {text}; ending this rank.",
-                    file=sys.stderr,
-                    flush=True,
+                log_error(
+                    f"la-trainer[rank {self.ctx.env.rank}]: rank 0 ended (exit code {code}): {text}; ending this rank."
                 )
                 self._flush_and_exit(code)
         if (
@@ -157,10 +152,8 @@ class Watchdog:
             and now - self._signal_at > SIGNAL_GRACE_S
             and self._stuck_for(now) > SIGNAL_GRACE_S
         ):
-            print(
-                f"la-trainer[rank {self.ctx.env.rank}]: stop signal while waiting on the other ranks; exiting.",
-                file=sys.stderr,
-                flush=True,
+            log_error(
+                f"la-trainer[rank {self.ctx.env.rank}]: stop signal while waiting on the other ranks; exiting."
             )
             self._flush_and_exit(int(ExitCode.INTERRUPTED))
 

@@ -7,48 +7,46 @@ a small shim, ``scripts/train.py`` is a thin shim over it in a checkout), and :f
   (:mod:`trainer.distributed`; rank 0 alone talks to the game);
 * with ``LA_TRAINER_NPROC_PER_NODE=N`` (N > 1) outside torchrun: re-execute under torchrun with N
   processes (the engine spawned one process; its id and output pipe stay the same on POSIX);
-* otherwise the ordinary trainer (:func:`trainer.app.engine_main`), which hands runs it does not train
-  to the engine's own ``train.py`` (:mod:`trainer.handover`).
+* otherwise the ordinary trainer (:func:`trainer.dropin.engine.engine_main`), which hands runs it does not
+  train to the engine's own ``train.py`` (:mod:`trainer.dropin.handover`).
 
 Before scale-out, and when this Python cannot load what FlowMatching needs (a half install),
 :func:`decide_before_training` settles what it can first: bad launch inputs end with their documented exit
 code (not torchrun's 1), other methods are handed over from this process, a FlowMatching run that cannot
 train says what is missing and how to fix it.
 
-The checks read the environment only: torch is imported after the link is open (spec §2.4).
+The checks read the environment only: torch is imported after the link is open (spec §2.4). Everything
+here and in the modules it imports first is standard library (with :mod:`protocol`'s argv and names,
+:mod:`trainer.settings.environment` and :mod:`trainer.system.console`): a half install must get this far.
+
+Modules: :mod:`~trainer.dropin.train` (the file the engine runs), :mod:`~trainer.dropin.engine` (one
+process), :mod:`~trainer.dropin.scale_out` (``python -m trainer.distributed``: under torchrun, or launching
+it), :mod:`~trainer.dropin.torchrun` (torchrun with the ranks' exit codes), :mod:`~trainer.dropin.handover`
+(runs la-trainer does not train), with :mod:`~trainer.dropin.method`, :mod:`~trainer.dropin.relay` and
+:mod:`~trainer.dropin.pinger` under it.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from trainer.settings.environment import ENV_NPROC
+from trainer.system.console import log, log_error
 
 if TYPE_CHECKING:
     from protocol.argv import LaunchArgs
     from trainer.dropin.relay import ConfigRead
 
 __all__ = [
-    "ENV_ENGINE_PID",
-    "ENV_NPROC",
-    "ENV_TORCHRUN_ARGS",
     "decide_before_training",
     "main",
-    "reexec_under_torchrun",
     "scale_out_requested",
     "socket_front",
-    "torchrun_command",
 ]
-
-ENV_NPROC = "LA_TRAINER_NPROC_PER_NODE"
-"""Outside torchrun: > 1 makes the drop-in re-execute itself under torchrun with this many processes."""
-ENV_TORCHRUN_ARGS = "LA_TRAINER_TORCHRUN_ARGS"
-"""Extra torchrun arguments for that re-execution (default ``--standalone``; multi-node: ``--nnodes``...)."""
-ENV_ENGINE_PID = "LA_TRAINER_ENGINE_PID"
-"""Set by the re-execution: the process that started us (the engine); rank 0 stops when it is gone."""
 
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE")
 """What torchrun sets in every process it starts (``trainer.distributed.DistEnv`` reads them)."""
@@ -63,44 +61,6 @@ def scale_out_requested(environ: Mapping[str, str]) -> bool:
     return bool(raw) and raw != "1"
 
 
-def torchrun_command(argv: Sequence[str], nproc: int, extra: Sequence[str] = ()) -> list[str]:
-    """``python -m trainer.dropin.torchrun [EXTRA | --standalone] --nproc-per-node N -m trainer.distributed
-    ARGV``: torchrun's own arguments, run by :mod:`trainer.dropin.torchrun`, which ends with the ranks'
-    documented exit code (torchrun alone ends every failure with 1 and a traceback)."""
-    launch = list(extra) if extra else ["--standalone"]
-    torchrun = [sys.executable, "-m", "trainer.dropin.torchrun", *launch, "--nproc-per-node", str(nproc)]
-    return [*torchrun, "-m", "trainer.distributed", *argv]
-
-
-def reexec_under_torchrun(argv: Sequence[str], nproc: int) -> int:
-    """Engine-spawned scale-out: become torchrun with ``nproc`` processes, before torch is imported here.
-
-    POSIX: ``os.execve``, so the engine's process handle and output pipe still name this process. Windows
-    has no such exec: torchrun runs as our child and we return its exit code. Either way a small pinger
-    (:mod:`trainer.dropin.pinger`) keeps a waiting engine's clock running until rank 0 holds the control
-    block (shared memory; over a socket the engine retries its connection for its own timeout).
-    """
-    command = torchrun_command(argv, nproc, shlex.split(os.environ.get(ENV_TORCHRUN_ARGS, "")))
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # the package root: trainer/dropin/__init__.py
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    env[ENV_ENGINE_PID] = str(os.getppid())
-    from trainer.dropin.pinger import start_pinger
-
-    pinger = start_pinger(argv, env, lock=True, engine_pid=os.getppid())
-    sys.stdout.flush()
-    if os.name == "nt":  # pragma: no cover - no exec on Windows
-        import subprocess
-
-        try:
-            return subprocess.call(command, env=env)
-        finally:
-            if pinger is not None:
-                pinger.kill()
-    os.execve(sys.executable, command, env)
-    raise AssertionError("os.execve returned")  # pragma: no cover
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The engine's command line (spec §1.2-1.4) in, an exit code out (README, "Exit codes")."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -112,12 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if decided is not None:
             return decided
         if nproc > 1:
+            from trainer.dropin.torchrun import reexec_under_torchrun
+
             return reexec_under_torchrun(args, nproc)
     if scale_out_requested(os.environ):
-        from trainer.distributed.launch import main as scale_out
+        from trainer.dropin.scale_out import main as scale_out
 
         return scale_out(args)
-    from trainer.app import engine_main
+    from trainer.dropin.engine import engine_main
 
     return engine_main(args)
 
@@ -128,23 +90,9 @@ def _nproc(environ: Mapping[str, str]) -> int | None:
     if not raw:
         return 1
     if not raw.isdigit() or int(raw) < 1:
-        print(
-            f"la-trainer: environment variable {ENV_NPROC} must be a whole number >= 1, got {raw!r}.",
-            file=sys.stderr,
-            flush=True,
-        )
+        log_error(f"la-trainer: environment variable {ENV_NPROC} must be a whole number >= 1, got {raw!r}.")
         return None
     return int(raw)
-
-
-def _say(text: str) -> None:
-    """One line on stderr, ASCII whatever the pipe's encoding (the engine decodes UTF-8; a Windows pipe
-    would be written in the ANSI code page): what cannot be shown is escaped, never raised."""
-    try:
-        sys.stderr.write(text.encode("ascii", "backslashreplace").decode("ascii") + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass  # no reader left
 
 
 def decide_before_training(argv: Sequence[str], nproc: int) -> int | None:
@@ -168,17 +116,18 @@ def decide_before_training(argv: Sequence[str], nproc: int) -> int | None:
         return None
     from protocol.argv import SharedMemoryArgs, SocketArgs, parse_launch_argv
     from protocol.errors import ArgvError
+    from protocol.names import FLOW_MATCHING
+    from trainer.dropin.handover import hand_over_early, socket_hands_over
     from trainer.exitcodes import ExitCode
-    from trainer.handover import FLOW_MATCHING, socket_hands_over
 
     try:
         launch = parse_launch_argv(list(argv))
     except ArgvError as error:
-        _say(f"la-trainer: bad command line: {error}")
+        log_error(f"la-trainer: bad command line: {error}", ascii_only=True)
         return int(ExitCode.USAGE)
     mode = launch.mode
     if isinstance(mode, SocketArgs) and socket_hands_over(launch.trainer_module):
-        return _hand_over_early(launch.nne_cpu_path, argv, f"-m {launch.trainer_module}")
+        return hand_over_early(launch.nne_cpu_path, argv, f"-m {launch.trainer_module}")
     refused = _check_launch_inputs(launch)
     if refused is not None:
         return refused
@@ -193,43 +142,23 @@ def decide_before_training(argv: Sequence[str], nproc: int) -> int | None:
 
         method = wait_for_method(Path(mode.task_dir) / "Configs", engine_alive=engine_watch())
         if method is None:
-            _say("la-trainer: the engine went away before it posted the training config.")
+            log_error(
+                "la-trainer: the engine went away before it posted the training config.", ascii_only=True
+            )
             return int(ExitCode.PEER_GONE)
         if method != FLOW_MATCHING:
-            return _hand_over_early(launch.nne_cpu_path, argv, f"TrainerMethod is {method!r}")
+            return hand_over_early(launch.nne_cpu_path, argv, f"TrainerMethod is {method!r}")
     if missing:
-        _say(
+        log_error(
             f"la-trainer: this run cannot train: the engine's Python ({sys.executable}) cannot load "
             f"{'; '.join(missing)}, which la-trainer needs for FlowMatching. Fix: run `la-trainer "
             "install-engine <Project>` again (it installs la-trainer's own dependencies for this Python; "
             "torch and numpy come from the engine's PythonMLPackages plugin: open the project in the editor "
-            "once if they are missing). Other trainers (BehaviorCloning, PPO) are not affected."
+            "once if they are missing). Other trainers (BehaviorCloning, PPO) are not affected.",
+            ascii_only=True,
         )
         return int(ExitCode.USAGE)
     return None
-
-
-def _hand_over_early(nne_cpu_path: str | None, argv: Sequence[str], why: str) -> int:
-    """The run goes to the engine's own ``train.py`` (:func:`trainer.handover.hand_over`), or exit 7 with
-    the reason when there is none to hand it to."""
-    from trainer.exitcodes import ExitCode
-    from trainer.handover import ENV_ENGINE_TRAIN_PY, engine_train_py, hand_over
-
-    target, no_target = engine_train_py(nne_cpu_path, sys.argv[0])
-    if target is None:
-        _say(
-            f"la-trainer: {why}: la-trainer trains only FlowMatching and cannot hand this run to the "
-            f"engine's own train.py ({no_target}). Set {ENV_ENGINE_TRAIN_PY} to the engine's "
-            "Plugins/Experimental/LearningCore/Content/Python/train.py (docs/unreal-install.md, 'Other "
-            "trainers')."
-        )
-        return int(ExitCode.UNSUPPORTED)
-    print(
-        f"la-trainer: {why}: la-trainer trains only FlowMatching, so the run goes to the engine's own "
-        f"trainer {target}".encode("ascii", "backslashreplace").decode("ascii"),
-        flush=True,
-    )
-    return hand_over(target, list(argv))
 
 
 def _check_launch_inputs(launch: LaunchArgs) -> int | None:
@@ -239,8 +168,8 @@ def _check_launch_inputs(launch: LaunchArgs) -> int | None:
     from protocol.argv import SharedMemoryArgs, SocketArgs
     from trainer.errors import LaunchError
     from trainer.exitcodes import ExitCode
-    from trainer.options import load_options
-    from trainer.timeouts import Timeouts
+    from trainer.settings.options import load_options
+    from trainer.settings.timeouts import Timeouts
 
     mode = launch.mode
     task_dir: Path | None = None
@@ -258,13 +187,13 @@ def _check_launch_inputs(launch: LaunchArgs) -> int | None:
             options = load_options(task_dir, shared_dir=task_dir.parent)
         elif isinstance(mode, SocketArgs) and mode.temp_directory:
             # A socket run's task folder is made later, inside the temp folder, which holds the project's
-            # settings (trainer.app.engine_main)
+            # settings (trainer.dropin.engine.engine_main)
             options = load_options(None, shared_dir=Path(mode.temp_directory))
         else:
             options = load_options(None)
         Timeouts.from_env(options.wait)
     except LaunchError as error:
-        _say(f"la-trainer: {error}")
+        log_error(f"la-trainer: {error}", ascii_only=True)
         return int(ExitCode.USAGE)
     return None
 
@@ -280,7 +209,7 @@ def _check_control_block(controls_guid: str) -> None:
     except ProtocolError as error:
         raise LaunchError(f"-g {controls_guid}: {error}") from None
     try:
-        from trainer.transport.shm import region_exists
+        from trainer.session.transport.shm import region_exists
     except ImportError:
         return  # posix_ipc is missing: said as a missing requirement
     if not region_exists(name):
@@ -296,15 +225,16 @@ def socket_front(argv: Sequence[str]) -> int | ConfigRead | None:
     first (:mod:`trainer.dropin.relay`). Another method is relayed to the engine's own ``train.py`` (its
     exit code is returned); a FlowMatching config comes back with its connection. None when there is
     nothing to decide here (another transport, a bad command line, no engine script to hand to). With
-    everything at hand the trainer does the same in its own link's place (:func:`trainer.app.engine_main`),
+    everything at hand the trainer does the same in its own link's place (:func:`trainer.dropin.engine.engine_main`),
     recording its status meanwhile.
     """
     from protocol.argv import SocketArgs, parse_launch_argv
     from protocol.errors import ArgvError
+    from protocol.names import FLOW_MATCHING
+    from trainer.dropin.handover import engine_train_py, socket_hands_over
     from trainer.dropin.method import engine_watch
     from trainer.dropin.relay import GameGone, listen_error_message, read_game_config, relay_hand_over
     from trainer.exitcodes import ExitCode
-    from trainer.handover import FLOW_MATCHING, engine_train_py, socket_hands_over
 
     try:
         launch = parse_launch_argv(list(argv))
@@ -322,21 +252,19 @@ def socket_front(argv: Sequence[str]) -> int | ConfigRead | None:
     try:
         read = read_game_config(mode.host, mode.port, engine_alive=engine_watch())
     except OSError as error:
-        _say(f"la-trainer: {listen_error_message(mode.host, mode.port, error)}")
+        log_error(f"la-trainer: {listen_error_message(mode.host, mode.port, error)}", ascii_only=True)
         return int(ExitCode.USAGE)
     except GameGone as gone:
-        _say(f"la-trainer: {gone}.")
+        log_error(f"la-trainer: {gone}.", ascii_only=True)
         return int(ExitCode.PEER_GONE)
     except KeyboardInterrupt:
-        _say("la-trainer: interrupted.")
+        log_error("la-trainer: interrupted.", ascii_only=True)
         return int(ExitCode.INTERRUPTED)
     if read.method is None or read.method == FLOW_MATCHING:
         return read
-    print(
+    log(
         f"la-trainer: TrainerMethod is {read.method!r}: la-trainer trains only FlowMatching, so the session "
-        f"is relayed to the engine's own trainer {target}".encode("ascii", "backslashreplace").decode(
-            "ascii"
-        ),
-        flush=True,
+        f"is relayed to the engine's own trainer {target}",
+        ascii_only=True,
     )
     return relay_hand_over(target, argv, read)

@@ -2,8 +2,8 @@
 
 The engine runs one ``train.py`` for BehaviorCloning, PPO and FlowMatching; only ``TrainerMethod`` in the
 trainer config tells them apart (spec §1.6, §11 item 3). The ordinary path reads it through the trainer
-link (:meth:`trainer.links.ShmTrainerLink.peek_trainer_method`). Two launches must decide without that
-link, with nothing but the standard library, :mod:`protocol.argv` and :mod:`trainer.handover`:
+link (:meth:`trainer.session.links.ShmTrainerLink.peek_trainer_method`). Two launches must decide without that
+link, with nothing but the standard library, :mod:`protocol.argv` and :mod:`protocol.names`:
 
 * **a half install** (:func:`missing_requirements`): the engine's Python cannot load what FlowMatching
   needs (torch, numpy, msgpack, posix_ipc: a changed engine Python, a partial ``install-engine``). A run
@@ -85,7 +85,7 @@ def missing_requirements(platform: str | None = None) -> list[str]:
 def method_from_config(raw: bytes) -> str | None:
     """``TrainerMethod`` of a trainer-config.json (FlowMatching when the key is absent, as the engine's
     default); None while the bytes are not one whole JSON object (the engine is still writing it)."""
-    from trainer.handover import FLOW_MATCHING
+    from protocol.names import FLOW_MATCHING, trainer_method
 
     try:
         if raw.startswith(codecs.BOM_UTF8):
@@ -99,8 +99,8 @@ def method_from_config(raw: bytes) -> str | None:
         return None
     if not isinstance(obj, dict):
         return None
-    method = obj.get("TrainerMethod", FLOW_MATCHING)
-    return method if isinstance(method, str) else FLOW_MATCHING
+    method = trainer_method(obj)
+    return FLOW_MATCHING if method is None else method
 
 
 def wait_for_method(
@@ -127,10 +127,10 @@ def wait_for_method(
 
 
 def engine_watch() -> Callable[[], bool]:
-    """True while the engine that spawned us runs (:func:`trainer.transport.liveness.parent_watch`; with
+    """True while the engine that spawned us runs (:func:`trainer.system.liveness.parent_watch`; with
     only the standard library at hand on POSIX, our parent id unchanged)."""
     try:
-        from trainer.transport.liveness import parent_watch
+        from trainer.system.liveness import parent_watch
 
         return parent_watch()
     except ImportError:  # the transport package needs posix_ipc, which may be what is missing

@@ -8,7 +8,7 @@ its config:
 * **scale-out** (``--lock LOCK``): the drop-in becomes torchrun (:mod:`trainer.dropin`), and rank 0 opens
   the control block only after torchrun, the ranks' interpreters and torch have started. The pinger stops
   once rank 0 holds the control block's lock ``LOCK`` (its pid is in the file: rank 0 pings from then on).
-* **hand-over** (``--handover``): the run goes to the engine's own ``train.py`` (:mod:`trainer.handover`),
+* **hand-over** (``--handover``): the run goes to the engine's own ``train.py`` (:mod:`trainer.dropin.handover`),
   which starts Python and imports torch before its first handshake. The pinger stops once that script has
   taken over: it asked for a network (NetworkSignal = 1, or NetworkId set by the game's answer) or ended
   the session (CompleteSignal), or the game asked to stop.
@@ -54,7 +54,7 @@ def rank0_holds(lock_file: Path) -> bool:
         return False
     if not text.isdigit() or int(text) == os.getpid():
         return False
-    from trainer.transport.liveness import process_watch
+    from trainer.system.liveness import process_watch
 
     return process_watch(int(text))()
 
@@ -103,7 +103,7 @@ def start_pinger(
         return None  # the trainer reports the bad command line
     command = [sys.executable, "-m", "trainer.dropin.pinger", name]
     if lock:
-        from trainer.transport.lockfile import lock_path
+        from trainer.system.lockfile import lock_path
 
         command += [str(STARTUP_LIFETIME_S), "--lock", str(lock_path(mode.controls_guid))]
     else:
@@ -139,8 +139,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from protocol.controls import CONTROL_BLOCK_BYTES, TrainerControls, read_controls
     from trainer.errors import LaunchError
-    from trainer.transport.liveness import parent_watch, process_watch
-    from trainer.transport.shm import SharedRegion
+    from trainer.session.transport.shm import SharedRegion
+    from trainer.system.liveness import parent_watch, process_watch
 
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:

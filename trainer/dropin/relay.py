@@ -16,7 +16,7 @@ cannot adopt a connection from another process, so for another method this proce
   not exit before the game has closed the connection), and the script sees the end of the stream when
   the engine or the game goes, or when this process is killed.
 
-Standard library only (with :mod:`trainer.handover`): a half install (:mod:`trainer.dropin.method`) is
+Standard library only (with :mod:`protocol.names` and :mod:`trainer.settings.environment`): a half install (:mod:`trainer.dropin.method`) is
 decided here too.
 """
 
@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from protocol.argv import SOCKET
 
 __all__ = [
     "ConfigRead",
@@ -71,7 +73,7 @@ class ConfigRead:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """Bound and listening as the trainer link would be (:class:`trainer.transport.tcp.TcpServer`)."""
+    """Bound and listening as the trainer link would be (:class:`trainer.session.transport.tcp.TcpServer`)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     infos.sort(key=lambda info: info[0] != socket.AF_INET)  # the engine connects to IPv4 first
     family, socktype, proto, _, address = infos[0]
@@ -141,7 +143,7 @@ def read_game_config(
     when the engine goes first, KeyboardInterrupt once ``interrupted()``. No bound: the engine process
     shows that a game is there (a paused editor may connect late).
     """
-    from trainer.handover import FLOW_MATCHING
+    from protocol.names import trainer_method
 
     listener = _listen(host, port)
     try:
@@ -168,15 +170,14 @@ def read_game_config(
     except (UnicodeDecodeError, ValueError):
         return ConfigRead(conn, received, None)
     settings = obj.get("TrainerSettings") if isinstance(obj, dict) else None
-    method = settings.get("TrainerMethod", FLOW_MATCHING) if isinstance(settings, dict) else None
-    return ConfigRead(conn, received, method if isinstance(method, str) else None)
+    return ConfigRead(conn, received, trainer_method(settings))
 
 
 def relayed_argv(argv: Sequence[str], port: int) -> list[str]:
     """The engine's argv with the ``Socket`` address replaced by ``127.0.0.1:<port>``, all else verbatim."""
     out = list(argv)
     for index, item in enumerate(out[:-1]):
-        if item == "Socket":
+        if item == SOCKET:
             out[index + 1] = f"127.0.0.1:{port}"
             return out
     raise ValueError("no Socket address in the command line")
@@ -191,7 +192,7 @@ def _free_loopback_port() -> int:
 def relay_hand_over(target: Path, argv: Sequence[str], game: ConfigRead) -> int:
     """Run the engine's ``target`` script for this session and relay the game's connection to it; the
     script's exit code (see the module docstring)."""
-    from trainer.handover import ENV_HANDED_OVER
+    from trainer.settings.environment import ENV_HANDED_OVER
 
     port = _free_loopback_port()
     command = [sys.executable, str(target), *relayed_argv(argv, port)]

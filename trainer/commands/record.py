@@ -1,0 +1,218 @@
+"""``la-trainer record``: train from ``.record`` files (spec §5.2) without a running game.
+
+The recorder's files hold only data, so this builds what ``BeginTraining`` would (spec §5.3, §6.3): the
+replay buffer (one episode per record), the engine's configs and the three initial networks from the
+schema JSON the recorder writes (``{"ObservationSchema": ..., "ActionSchema": ...}``, spec §5.1), with
+:mod:`protocol.engine`. It writes them as a ``TrainingMaterials`` export (spec §5.5) under ``--out`` and
+trains that folder offline, so the output is exactly what ``la-trainer offline`` produces:
+``<out>/Offline<N>/Networks/network_<id>.bin`` snapshots (the export keeps its initial networks). The
+training options are the shared ones of every training command (``--iterations``, ``--device``, ...;
+:mod:`trainer.settings.options`), checked before any file is read.
+
+Refusals exit with the documented codes (README, "Exit codes"): an unreadable file or a ``--schema`` file
+that is not the recorder's schema file is a usage error (2); records or schemas that cannot be trained
+on, including a schema element the engine's builder cannot build, are bad data (6), as the trainer maps
+the same errors everywhere else.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from protocol.config import (
+    ACTIVATION_FUNCTIONS,
+    FlowMatchingSettings,
+    FlowMatchingTrainingSettings,
+    TrainerConfig,
+    parse_json,
+)
+from protocol.engine.configs import build_engine_session, format_time_stamp
+from protocol.engine.export import TRAINING_MATERIALS_DIR, encode_training_materials, export_folder_name
+from protocol.errors import ProtocolError
+from protocol.ints import INT32_MAX, INT32_MIN
+from protocol.record import Record, read_records, records_to_replay_buffer
+from trainer.commands.cli import MORE_OPTIONS, training_options, training_overrides
+from trainer.exitcodes import ExitCode
+from trainer.records.runrecord import check_output_folder, new_task_folder
+from trainer.session.app import run_with_link
+from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
+from trainer.settings.options import check_command_value, load_options
+from trainer.system.atomic import atomic_write
+
+__all__ = ["RECORD_ITERATIONS", "RECORD_VALUES", "RecordBadData", "RecordUsageError", "record_command"]
+
+RECORD_ITERATIONS = 20000
+"""IterationNum of the generated trainer config unless ``--iterations`` says otherwise (the engine's
+default of 1,000,000 is meant for a game that keeps running; 20k trains the demo tasks well)."""
+
+
+RECORD_VALUES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "--batch-size": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+    "--learning-rate": ("a finite number > 0", lambda v: v > 0),
+    "--seed": (f"a whole number from {INT32_MIN} to {INT32_MAX}", lambda v: INT32_MIN <= v <= INT32_MAX),
+    "--hidden-layers": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+    "--hidden-size": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+    "--chunk": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+}
+"""What the generated configs may hold (the engine's own ranges, protocol.config), checked by
+:func:`trainer.settings.options.check_command_value` before any file is read: a value the config reader would
+refuse later would be blamed on the generated export, a file the user never wrote."""
+
+
+class RecordUsageError(click.ClickException):
+    """A file named on the command line cannot be read."""
+
+    exit_code = ExitCode.USAGE
+
+
+class RecordBadData(click.ClickException):
+    """The records or schemas cannot be trained on (as :func:`trainer.errors.exit_code_for` maps the
+    ConfigError, RecordError and ReplayError these come from)."""
+
+    exit_code = ExitCode.BAD_DATA
+
+
+def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object]]:
+    try:
+        document = parse_json(path.read_bytes(), str(path))
+    except (OSError, ProtocolError) as error:
+        raise click.BadParameter(f"{path} is not readable JSON: {error}", param_hint="--schema") from None
+    if (
+        not isinstance(document, dict)
+        or "ObservationSchema" not in document
+        or "ActionSchema" not in document
+    ):
+        raise click.BadParameter(
+            f"{path} must hold an object with 'ObservationSchema' and 'ActionSchema' (the recorder's schema file)",
+            param_hint="--schema",
+        )
+    obs, act = document["ObservationSchema"], document["ActionSchema"]
+    if not isinstance(obs, dict) or not isinstance(act, dict):
+        raise click.BadParameter(f"{path}: both schemas must be JSON objects", param_hint="--schema")
+    return obs, act
+
+
+@click.command("record", epilog=MORE_OPTIONS)
+@click.argument(
+    "records", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--schema",
+    "schema_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help='Schema JSON written by the recorder: {"ObservationSchema": ..., "ActionSchema": ...}.',
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("la-trainer-record"),
+    show_default=True,
+    help="Folder for the TrainingMaterials export and the trained networks (in a new Offline<N> folder).",
+)
+@click.option("--batch-size", type=int, default=256, show_default=True, help="BatchSize.")
+@click.option("--learning-rate", type=float, default=1e-4, show_default=True, help="LearningRate (> 0).")
+@click.option("--seed", type=int, default=1234, show_default=True, help="Seed (a 32-bit integer).")
+@click.option(
+    "--hidden-layers", type=int, default=1, show_default=True, help="HiddenLayerNum (engine default 1)."
+)
+@click.option("--hidden-size", type=int, default=128, show_default=True, help="HiddenLayerSize.")
+@click.option("--activation", type=click.Choice(ACTIVATION_FUNCTIONS), default="ELU", show_default=True)
+@click.option("--chunk", type=int, default=1, show_default=True, help="ActionChunkSize.")
+@click.option("--embed/--no-embed", default=True, show_default=True, help="EmbedNormalizationsInWeights.")
+@training_options
+def record_command(
+    records: tuple[Path, ...],
+    schema_path: Path,
+    out: Path,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    hidden_layers: int,
+    hidden_size: int,
+    activation: str,
+    chunk: int,
+    embed: bool,
+    **kwargs: Any,
+) -> None:
+    """Train from .record files and a recorder schema file.
+
+    \b
+    Example:
+      la-trainer record Saved/Recordings/*.record --schema Saved/Recordings/schema.json --out runs/rec1
+    """
+    overrides = training_overrides(kwargs)
+    load_options(None, overrides)  # refuse a bad value before reading any file
+    own = {
+        "--batch-size": batch_size,
+        "--learning-rate": learning_rate,
+        "--seed": seed,
+        "--hidden-layers": hidden_layers,
+        "--hidden-size": hidden_size,
+        "--chunk": chunk,
+    }
+    for flag, value in own.items():
+        expected, check = RECORD_VALUES[flag]
+        check_command_value(flag, value, expected, check)
+    obs_schema, act_schema = _load_schemas(schema_path)
+    all_records: list[Record] = []
+    for path in records:
+        try:
+            all_records.extend(read_records(path.read_bytes()))
+        except OSError as error:
+            raise RecordUsageError(f"{path}: {error}") from None
+        except ProtocolError as error:
+            raise RecordBadData(f"{path}: {error}") from None
+    if not all_records:
+        raise RecordBadData("the .record files hold no records: nothing to train on")
+    try:
+        replay = records_to_replay_buffer(all_records)
+    except ProtocolError as error:
+        raise RecordBadData(f"records do not fit together: {error}") from None
+    now = datetime.now()
+    trainer = TrainerConfig(
+        time_stamp=format_time_stamp(now),
+        training=FlowMatchingTrainingSettings(
+            iteration_num=int(overrides.get("iteration_num") or RECORD_ITERATIONS),
+            learning_rate=learning_rate,
+            batch_size=batch_size,
+            seed=seed,
+        ),
+        embed_normalizations_in_weights=embed,
+        # The engine writes its IntermediatePath here; ours is the --out folder that holds the export.
+        temp_directory=str(out.resolve()),
+    )
+    flow_matching = FlowMatchingSettings(
+        action_chunk_size=chunk,
+        hidden_layer_num=hidden_layers,
+        hidden_layer_size=hidden_size,
+        activation_function=activation,
+    )
+    try:
+        session, snapshots = build_engine_session(
+            obs_schema, act_schema, replay, trainer=trainer, flow_matching=flow_matching
+        )
+        files = encode_training_materials(session, dict(enumerate(snapshots)), replay)
+    except ProtocolError as error:
+        raise RecordBadData(
+            f"cannot build the engine's networks and configs for this schema: {error}"
+        ) from None
+    check_output_folder(out, "--out")  # after the inputs: a refused input leaves no folder behind
+    folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
+    for relative, data in files.items():
+        target = folder / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, data)
+    click.echo(f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}")
+    # The settings files as in every mode (trainer.settings.options.load_options): --out is the project folder.
+    options = load_options(None, overrides, warn=lambda _: None, shared_dir=out)  # warned once already
+    output = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
+    link = FileTrainerLink(folder, output_dir=output)
+    click.echo(f"la-trainer: training; outputs in {output}")
+    sys.exit(run_with_link(lambda flag: link, options=options, task_dir=output))

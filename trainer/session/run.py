@@ -1,0 +1,530 @@
+"""The training story, top to bottom (CleanRL style): connect, receive, train, sync, snapshot, finish.
+
+Transport-agnostic: everything the engine sends or receives goes through a :class:`trainer.session.links.
+TrainerLink`. Each section below is short and in execution order; the maths lives in flow/model/steps,
+the bytes in protocol/, the replay buffer's checks at the data boundary (:meth:`trainer.training.data.
+TrainingData.from_replay`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from protocol.config import SessionConfig, data_config_to_json, trainer_config_to_json
+from protocol.engine.configs import format_time_stamp
+from protocol.errors import ProtocolError
+from protocol.names import ENGINE_DEFAULT_MODULE, FLOW_MATCHING, FLOW_MATCHING_MODULE, CommType, NetworkId
+from protocol.nne.layers import Layer
+from protocol.replay import ReplayBuffer
+from protocol.snapshot import Snapshot, read_snapshot, snapshot_with_model, write_snapshot
+from trainer import __version__
+from trainer.errors import BadData, Diverged, PeerGone, Unsupported, WaitTimeout
+from trainer.exitcodes import ExitCode
+from trainer.records.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase
+from trainer.records.runrecord import RunLog, run_name, task_name_of
+from trainer.records.trackers import TRACK_EVERY
+from trainer.session.heldout import HeldOutRound
+from trainer.session.snapshots import SnapshotWriter
+from trainer.session.transport.wait import StopRequested
+from trainer.settings.environment import ENV_ENGINE_TRAIN_PY, ENV_NPROC
+from trainer.settings.options import TrainerOptions
+from trainer.settings.timeouts import Timeouts
+from trainer.system.console import log
+from trainer.training.device import choose_device
+from trainer.training.threads import (
+    ThreadChoice,
+    ThreadPolicy,
+    ThreadTuner,
+    Why,
+    candidate_threads,
+    choose_threads,
+    usable_cores,
+)
+
+if TYPE_CHECKING:
+    from trainer.session.links import TrainerLink
+    from trainer.training.job import TrainingJob
+
+__all__ = [
+    "LoopEnd",
+    "SyncRounds",
+    "encode_networks",
+    "run_training",
+    "socket_refusal",
+    "thread_tuner",
+]
+
+SUPPORTED_METHODS = (FLOW_MATCHING,)
+DEFAULT_TIMEOUTS = Timeouts()
+"""The documented defaults, for callers without a run's own :class:`Timeouts` (tests, tools)."""
+
+
+class InterruptLike(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def socket_refusal(method: str) -> Unsupported:
+    """The error for a socket run whose config is not FlowMatching and that la-trainer could not relay to
+    the engine's own script (:mod:`trainer.dropin.handover`): what happened and what to do."""
+    return Unsupported(
+        f"TrainerMethod is {method!r}, but la-trainer trains only FlowMatching, and this socket session could "
+        "not be relayed to the engine's own train.py (it was not found, or the run is a scale-out job "
+        f"under {ENV_NPROC}, or a `la-trainer socket` server). Set {ENV_ENGINE_TRAIN_PY} to the "
+        "engine's Plugins/Experimental/LearningCore/Content/Python/train.py, or give that call site a "
+        f"TrainerFileName other than {ENGINE_DEFAULT_MODULE} and {FLOW_MATCHING_MODULE} (e.g. "
+        "learning_core.train_ppo; la-trainer then hands it over before listening, also under scale-out), or "
+        "run the engine's trainer for it (set its process settings' EditorEngineRelativePath/"
+        "NonEditorEngineRelativePath back to the engine). See docs/unreal-install.md, 'Other trainers'."
+    )
+
+
+def thread_tuner(
+    options: TrainerOptions,
+    device: torch.device,
+    first: int,
+    *,
+    scale_out: bool,
+    reporter: ProgressReporter,
+    runlog: RunLog,
+) -> ThreadTuner:
+    """The run's thread count from here on: measured on a CPU run that nothing fixes (the ``threads``
+    option, scale-out's per-rank share; on CUDA the CPU only feeds the GPU; one usable core), else left
+    as set."""
+    candidates = candidate_threads(usable_cores())
+    if device.type != "cpu" or options.threads > 0 or scale_out or len(candidates) == 1:
+        return ThreadTuner.fixed(first)
+
+    def announce(iteration: int, choice: ThreadChoice) -> None:
+        if choice.why is Why.START or choice.threads != choice.previous:
+            log(f"la-trainer: threads: {choice.describe()} at iteration {iteration}")
+        reporter.threads(choice.threads, choice.describe())
+        runlog.threads(iteration, choice.to_json())
+
+    return ThreadTuner(first, ThreadPolicy(candidates, threads=first), announce)
+
+
+def encode_networks(received: Mapping[int, Snapshot], layers: Mapping[int, Layer]) -> dict[int, bytes]:
+    """Networks 0, 1, 2 as snapshot bytes: each trained layer tree in its received snapshot's header
+    (same size, spec §6.1). For a sync round and for the snapshot files alike."""
+    blobs = {}
+    for nid in map(int, NetworkId):
+        blobs[nid] = write_snapshot(snapshot_with_model(received[nid], layers[nid]))
+        # read_snapshot checked that the received bytes were exactly this long, so the header's size is
+        # the received size: no need to re-encode the received snapshot every round.
+        if len(blobs[nid]) != received[nid].header.snapshot_size:
+            raise AssertionError("snapshot size changed")  # snapshot_with_model guarantees this
+    return blobs
+
+
+@dataclass
+class SyncRounds:
+    """Sends networks 0, 1, 2 back to the engine (spec §7.1: a full round, in order, back to back);
+    numbers the rounds' versions and counts them."""
+
+    link: TrainerLink
+    version: int = 0
+    rounds: int = 0
+
+    def send(self, blobs: Mapping[int, bytes]) -> None:
+        self.version += 1
+        for nid in map(int, NetworkId):
+            try:
+                self.link.send_network(nid, blobs[nid], self.version)
+            except (PeerGone, WaitTimeout) as error:
+                # Same category (exit code), with the phase named: a user reading the log must see that
+                # the game went away while taking networks back, not while sending experience.
+                raise type(error)(f"during sync round {self.version} (network {nid}): {error}") from error
+        self.rounds += 1
+
+
+class LoopEnd(Enum):
+    """Why the training loop (section 5) ended; section 6 finishes accordingly. The value is the log's
+    wording."""
+
+    DONE = "every iteration ran"
+    STOPPED = "the game asked to stop"
+    """Between steps or while a sync round waited (spec §2.4): snapshot and checkpoint, no Complete."""
+    INTERRUPTED = "interrupted"
+    """SIGINT/SIGTERM: finish as usual (networks, Complete), exit code INTERRUPTED."""
+    DIVERGED = "diverged"
+    """Non-finite loss (or a lost scale-out rank): the last good weights go back, exit code DIVERGED."""
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if self is LoopEnd.INTERRUPTED:
+            return ExitCode.INTERRUPTED
+        if self is LoopEnd.DIVERGED:
+            return ExitCode.DIVERGED
+        return ExitCode.OK
+
+    @property
+    def phase(self) -> RunPhase:
+        """The final phase the status file records for this end."""
+        return {
+            LoopEnd.DONE: RunPhase.COMPLETE,
+            LoopEnd.STOPPED: RunPhase.STOPPED,
+            LoopEnd.INTERRUPTED: RunPhase.INTERRUPTED,
+            LoopEnd.DIVERGED: RunPhase.DIVERGED,
+        }[self]
+
+
+def _banner(device: torch.device, threads: str) -> None:
+    log(
+        f"la-trainer {__version__} | python {platform.python_version()} | torch {torch.__version__} | "
+        f"device {device} | threads {threads} | pid {os.getpid()}"
+    )
+
+
+def run_training(
+    link: TrainerLink,
+    *,
+    options: TrainerOptions,
+    task_dir: Path | None,
+    interrupt: InterruptLike | None = None,
+    prepare_job: Callable[[TrainingJob], TrainingJob] | None = None,
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
+) -> ExitCode:
+    """The whole run. Returns OK, INTERRUPTED or DIVERGED; raises on every other failure.
+
+    ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
+    it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`). ``timeouts``:
+    the keep-alive period while we are busy (``ping_interval``) and the bound of the wait for the engine
+    after Complete where the link cannot see the game (``wait``). The status file (``trainer.records.progress``) and the run record
+    (``trainer.records.runrecord``) follow the run to its end, whichever way it ends."""
+    status_path = task_dir / STATUS_FILE_NAME if (task_dir is not None and options.status_file) else None
+    runlog = RunLog()
+    with ProgressReporter(0, every_s=options.progress_every_seconds, status_path=status_path) as reporter:
+        try:
+            return _story(
+                link,
+                reporter,
+                runlog,
+                options=options,
+                task_dir=task_dir,
+                interrupt=interrupt,
+                prepare_job=prepare_job,
+                timeouts=timeouts,
+            )
+        except BaseException as error:
+            runlog.abort(error)
+            raise
+
+
+def _learning_rate(job: TrainingJob) -> float:
+    """The optimiser's current base learning rate (what the metrics log and trackers report): a group's
+    rate divided by its per-layer multiplier (``layer_lr``), so the number is the config's LearningRate
+    whichever layer's group comes first."""
+    group = job.optimizer.param_groups[0]
+    return float(group["lr"]) / float(group.get("lr_scale", 1.0))
+
+
+def _phase_key(job: TrainingJob) -> str:
+    """``flow_matching`` or ``distillation``: the loss series a point belongs to."""
+    return job.phase.name.lower() if job.phase is not None else "flow_matching"
+
+
+@dataclass
+class _Run:
+    """What the story's sections after the job is built share (sections 5 and 6)."""
+
+    link: TrainerLink
+    reporter: ProgressReporter
+    runlog: RunLog
+    options: TrainerOptions
+    config: SessionConfig
+    received: dict[int, Snapshot]
+    job: TrainingJob
+    device: torch.device
+    tuner: ThreadTuner
+    sync: SyncRounds
+    writer: SnapshotWriter | None
+    heldout: HeldOutRound
+
+    @property
+    def offline(self) -> bool:
+        """The engine's export (no game: no waiting for it, no sync rounds to speak of)."""
+        return self.link.comm_type == CommType.FILES
+
+
+def _story(
+    link: TrainerLink,
+    reporter: ProgressReporter,
+    runlog: RunLog,
+    *,
+    options: TrainerOptions,
+    task_dir: Path | None,
+    interrupt: InterruptLike | None,
+    prepare_job: Callable[[TrainingJob], TrainingJob] | None,
+    timeouts: Timeouts,
+) -> ExitCode:
+    from trainer.session.links import KeepAlive
+
+    # 1. Config (spec §2.4 / §3): everything else is sized from it.
+    config = _receive_config(link, reporter)
+    # 2. The three initial networks, in the engine's order (spec §2.4, §7.1).
+    received = _receive_networks(link, reporter, config)
+    # 3. The replay buffer, sent once (spec §5.3); checked where it becomes training data (step 4).
+    reporter.phase(RunPhase.RECEIVING_EXPERIENCE)
+    replay = link.receive_experience()
+    # 4. Build the job while pinging: the engine may be waiting on us (spec §2.4).
+    with KeepAlive(link, timeouts.ping_interval):
+        job, device, tuner = _build_job(
+            config, received, replay, options, task_dir, prepare_job, reporter=reporter, runlog=runlog
+        )
+    run = _start_training(link, reporter, runlog, options, task_dir, config, received, job, device, tuner)
+    # 5. Train: step, report, sync, snapshot; stop when asked.
+    end, iteration = _train(run, interrupt)
+    # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
+    return _finish(run, end, iteration, timeouts)
+
+
+def _receive_config(link: TrainerLink, reporter: ProgressReporter) -> SessionConfig:
+    """Section 1: the engine's config, refused when its method is not one la-trainer trains."""
+    if link.comm_type == CommType.FILES:
+        reporter.phase(RunPhase.READING_EXPORT, "la-trainer: reading the exported training materials ...")
+    else:
+        reporter.phase(RunPhase.WAITING_FOR_CONFIG, "la-trainer: waiting for the game's config ...")
+    config = link.receive_config()
+    for warning in config.warnings:
+        log(f"warning: config: {warning}")
+    method = config.trainer.trainer_method
+    if method not in SUPPORTED_METHODS:
+        if link.comm_type == CommType.SOCKET:
+            raise socket_refusal(
+                method
+            )  # the game is connected to us: no hand-over (trainer.dropin.handover)
+        raise Unsupported(
+            f"TrainerMethod is {method!r} but la-trainer trains only {', '.join(SUPPORTED_METHODS)}. "
+            "Engine-spawned shared-memory runs of other methods go to the engine's own train.py "
+            "(docs/unreal-install.md, 'Other trainers'); run this one with the engine's trainer."
+        )
+    return config
+
+
+def _receive_networks(
+    link: TrainerLink, reporter: ProgressReporter, config: SessionConfig
+) -> dict[int, Snapshot]:
+    """Section 2: networks 0, 1, 2 as snapshots, each exactly its config's MaxByteNum long."""
+    reporter.phase(RunPhase.RECEIVING_NETWORKS)
+    received: dict[int, Snapshot] = {}
+    for network in NetworkId:
+        nid = int(network)
+        blob = link.receive_network(nid)
+        expected = config.network(nid).max_byte_num
+        if len(blob) != expected:
+            raise BadData(
+                f"{network.describe()} has {len(blob)} bytes but the model config's MaxByteNum is {expected}"
+            )
+        try:
+            received[nid] = read_snapshot(blob)
+        except ProtocolError as error:
+            raise BadData(f"{network.describe()} from the game is not a valid snapshot: {error}") from error
+    return received
+
+
+def _build_job(
+    config: SessionConfig,
+    received: dict[int, Snapshot],
+    replay: ReplayBuffer,
+    options: TrainerOptions,
+    task_dir: Path | None,
+    prepare_job: Callable[[TrainingJob], TrainingJob] | None,
+    *,
+    reporter: ProgressReporter,
+    runlog: RunLog,
+) -> tuple[TrainingJob, torch.device, ThreadTuner]:
+    """Section 4: the device, the job (resumed from a checkpoint when asked), the CPU threads it runs
+    with, and the banner that says all three."""
+    from trainer.training.job import TrainingJob
+
+    device = choose_device(config.trainer.device, options.device)
+    # Checkpoints live beside the snapshots (<task_dir>/Snapshots) whether or not the config saves
+    # snapshots: a crash must not lose hours of training (trainer.training.checkpoint).
+    checkpoint_dir = task_dir / "Snapshots" if task_dir is not None else None
+    job = TrainingJob.create(
+        config, received, replay, options=options, device=device, checkpoint_dir=checkpoint_dir
+    )
+    # Threads from the denoiser's size, set before prepare_job: scale-out divides them among the
+    # ranks of a node (trainer.distributed caps each rank's share), so it must see our choice.
+    params = sum(p.numel() for p in job.model.denoiser.parameters())
+    threads = choose_threads(options.threads, config.trainer.training.batch_size * params)
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+    if prepare_job is not None:
+        job = prepare_job(job)
+    tuner = thread_tuner(
+        options, device, threads, scale_out=prepare_job is not None, reporter=reporter, runlog=runlog
+    )
+    shown = torch.get_num_threads() if device.type == "cpu" else threads
+    _banner(device, f"measured, from {shown}" if tuner.measuring else str(shown))
+    return job, device, tuner
+
+
+def _start_training(
+    link: TrainerLink,
+    reporter: ProgressReporter,
+    runlog: RunLog,
+    options: TrainerOptions,
+    task_dir: Path | None,
+    config: SessionConfig,
+    received: dict[int, Snapshot],
+    job: TrainingJob,
+    device: torch.device,
+    tuner: ThreadTuner,
+) -> _Run:
+    """Between sections 4 and 5: training begins (status, one log line), and the run's snapshot writer,
+    record and trackers open under the engine's run name (spec §7.2; trainer.records.runrecord)."""
+    total = job.total_iterations
+    reporter.start(total, job.start_iteration)
+    reporter.phase(RunPhase.TRAINING)  # before the first progress line: a failure now is a training failure
+    log(
+        f"la-trainer: training {total} iterations on {job.sample_num} samples "
+        f"(observation {job.observation_dim}, action {job.action_dim}, "
+        f"chunk {config.model.flow_matching.action_chunk_size})"
+    )
+    sync = SyncRounds(link)
+    writer = (
+        SnapshotWriter.for_run(task_dir, config, options) if config.trainer.training.save_snapshots else None
+    )
+    stamp = config.trainer.time_stamp or format_time_stamp(datetime.now())
+    runlog.open(
+        task_dir=task_dir,
+        name=run_name(task_name_of(task_dir), config.trainer.trainer_method, link.comm_type, stamp),
+        options=options,
+        config=config.trainer,
+        engine_config={
+            **data_config_to_json(config.data, config.model),
+            "TrainerSettings": trainer_config_to_json(config.trainer),
+        },
+        info={
+            "comm_type": link.comm_type,
+            "trainer_version": __version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "device": str(device),
+            "iterations": total,
+            "first_iteration": job.start_iteration,
+        },
+        first_iteration=job.start_iteration,
+    )
+    if runlog.folder is not None:
+        reporter.run_dir(runlog.folder)
+    heldout = HeldOutRound(job, runlog, reporter)
+    return _Run(link, reporter, runlog, options, config, received, job, device, tuner, sync, writer, heldout)
+
+
+def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
+    """Section 5: step, report, sync, snapshot until every iteration ran or something ends the loop; why it
+    ended and the iterations done."""
+    job, link, reporter, runlog, sync = run.job, run.link, run.reporter, run.runlog, run.sync
+    total = job.total_iterations
+    every_iterations = run.options.sync_every_iterations
+    every_seconds = run.options.sync_every_seconds
+    snapshot_every = run.config.trainer.training.iterations_per_snapshot
+    end = LoopEnd.DONE
+    last_sync = time.monotonic()
+    iteration = job.start_iteration
+    try:
+        while iteration < total:
+            if link.stop_requested():
+                end = LoopEnd.STOPPED
+                break
+            if interrupt is not None and interrupt.is_set():
+                end = LoopEnd.INTERRUPTED
+                break
+            started = time.perf_counter()
+            loss = job.step(iteration)
+            iteration += 1
+            run.tuner.after_step(time.perf_counter() - started, iteration)
+            reporter.update(iteration, loss)
+            if iteration % TRACK_EVERY == 0:
+                runlog.point(iteration, _phase_key(job), loss, _learning_rate(job), sync.rounds)
+            if run.heldout.due(iteration):
+                run.heldout.measure(iteration)
+            now = time.monotonic()
+            due = (every_iterations > 0 and iteration % every_iterations == 0) or (
+                every_seconds > 0 and now - last_sync >= every_seconds
+            )
+            if due and iteration < total:
+                sync.send(encode_networks(run.received, job.export()))
+                reporter.syncs = sync.rounds
+                last_sync = now
+            if run.writer is not None and snapshot_every > 0 and iteration % snapshot_every == 0:
+                run.writer.write(iteration, encode_networks(run.received, job.export()))
+            job.maybe_checkpoint(iteration)
+    except Diverged as error:
+        log(f"la-trainer: {error}. Sending the last good weights.")
+        end = LoopEnd.DIVERGED
+    except StopRequested:
+        # Stop arrived while a sync round waited on the game (spec §2.4: the engine does not wait for the
+        # rest of the round): end as for a Stop seen between steps, keeping what was trained.
+        end = LoopEnd.STOPPED
+    except (PeerGone, WaitTimeout):
+        # The game went away mid-run: keep what was trained so `--resume` can continue it, then let the
+        # error name the phase and set the exit code as usual.
+        job.maybe_checkpoint(iteration, force=True)
+        raise
+
+    finally:
+        if iteration % TRACK_EVERY and iteration > job.start_iteration:
+            runlog.point(iteration, _phase_key(job), job.smoothed_loss, _learning_rate(job), sync.rounds)
+    return end, iteration
+
+
+def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> ExitCode:
+    """Section 6: the final networks (the held-out best with ``heldout_send_best``), their snapshot and
+    checkpoint, then, unless the game asked to stop, the last sync round and Complete (spec §7.2 step 5)
+    and the wait for the engine to take them."""
+    job, reporter, writer = run.job, run.reporter, run.writer
+    run.heldout.at_end(iteration, diverged=end is LoopEnd.DIVERGED)
+    reporter.update(iteration, job.smoothed_loss, force=True)
+    reporter.phase(RunPhase.FINISHING)
+    final = encode_networks(run.received, run.heldout.final_networks(job.export()))
+    kept = run.runlog.networks(final)
+    run.heldout.keep_best(lambda layers: encode_networks(run.received, layers))
+    if end is LoopEnd.STOPPED:
+        # Spec §2.4: after a Stop the engine tears its side down at once; exit cleanly without sending.
+        if writer is not None:
+            writer.write(iteration, final)
+        job.maybe_checkpoint(iteration, force=True)
+        _record_end(run, end, iteration, kept)
+        reporter.finish(
+            end.phase, end.exit_code, f"la-trainer: stopped at iteration {iteration}: {end.value}."
+        )
+        return end.exit_code
+    from trainer.session.links import KeepAlive
+
+    with KeepAlive(run.link, timeouts.ping_interval):
+        if writer is not None:
+            writer.write(iteration, final)
+        job.maybe_checkpoint(iteration, force=True)
+    run.sync.send(final)
+    run.link.send_complete()
+    reporter.syncs = run.sync.rounds
+    _record_end(run, end, iteration, kept)
+    rounds = "" if run.offline else f", {run.sync.rounds} sync rounds"
+    ending = "done" if end is LoopEnd.DONE else f"{end.value} (exit code {int(end.exit_code)})"
+    reporter.finish(end.phase, end.exit_code, f"la-trainer: {ending} after {iteration} iterations{rounds}.")
+    run.link.finish(timeouts.wait)  # offline: names the network files it wrote
+    return end.exit_code
+
+
+def _record_end(run: _Run, end: LoopEnd, iteration: int, kept: list[Path]) -> None:
+    """The run record's last word: the final phase, exit code, iteration, loss and the networks kept."""
+    run.runlog.finish(
+        phase=end.phase.value,
+        exit_code=end.exit_code,
+        iteration=iteration,
+        loss=run.job.smoothed_loss,
+        outputs=kept,
+    )

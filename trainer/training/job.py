@@ -1,0 +1,403 @@
+"""One training job: the received networks and replay buffer turned into a model, an optimiser and a
+sampler, stepped by :mod:`trainer.session.run` and exported back to layer values on demand.
+
+This is where the engine's settings (spec §4.1) meet our options (:mod:`trainer.settings.options`): seed,
+learning rate, weight decay, batch size, iteration count, observation noise, time distribution, EMA.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from protocol.config import SessionConfig
+from protocol.names import NetworkId
+from protocol.nne.layers import Layer
+from protocol.replay import ReplayBuffer
+from protocol.snapshot import Snapshot
+from trainer import __version__
+from trainer.settings.options import TrainerOptions
+from trainer.system.console import log
+from trainer.training.checkpoint import (
+    CheckpointError,
+    Fingerprint,
+    TrainingState,
+    load_for_resume,
+    remove_stale_temp_files,
+    save_checkpoint,
+)
+from trainer.training.data import TensorData, TrainingData
+from trainer.training.flow import TimeDistribution
+from trainer.training.heldout import DEFAULT_ODE_STEPS, EpisodeSplit, HeldOutEvaluator, split_episodes
+from trainer.training.model import FlowModel, ModelSettings
+from trainer.training.steps import GradientAveraging, Phase, StepInputs, TrainingStep, choose_step
+from trainer.training.steps.autograd import BatchSampler, make_optimizer, set_learning_rate
+from trainer.training.steps.distill import RECOMMENDED_ITERATIONS, DistillSettings, distill_iterations
+
+__all__ = ["TrainingJob"]
+
+LOSS_SMOOTHING = 0.98
+"""Exponential smoothing of the logged loss (the raw per-batch loss is noisy)."""
+
+
+@dataclass
+class TrainingJob:
+    """Everything one run trains. Build with :meth:`create`."""
+
+    config: SessionConfig
+    options: TrainerOptions
+    model: FlowModel
+    optimizer: torch.optim.Optimizer
+    sampler: BatchSampler
+    generator: torch.Generator
+    time_distribution: TimeDistribution
+    data: TrainingData
+    tensors: TensorData
+    device: torch.device
+    total_iterations: int
+    start_iteration: int = 0
+    smoothed_loss: float = math.nan
+    distill_start: int | None = None
+    """First distillation iteration (``options.ode_steps`` > 0, see :mod:`trainer.training.steps.distill`); None: off."""
+    gradient_averaging: GradientAveraging | None = None
+    """Scale-out's averaging of every step's gradients across the processes (:mod:`trainer.distributed`);
+    None: this process trains alone."""
+    phase: Phase | None = field(default=None, init=False)
+    """The phase :attr:`training_step` belongs to; None before the first step."""
+    training_step: TrainingStep | None = field(default=None, init=False, repr=False)
+    """The step of the current phase, chosen at the phase's first iteration by
+    :func:`trainer.training.steps.choose_step` (after anything that loads state, so it adopts the loaded state)."""
+    checkpoint_dir: Path | None = None
+    """Where resumable checkpoints go (``<task_dir>/Snapshots``); None: no checkpoints."""
+    fingerprint: Fingerprint | None = None
+    """What a checkpoint of this job is valid for (networks, config, data), see :mod:`trainer.training.checkpoint`."""
+    last_checkpoint: Path | None = None
+    checkpoint_iteration: int = -1
+    """Iteration of the newest checkpoint this job wrote or resumed from (−1: none)."""
+    checkpoint_clock: float = field(default_factory=time.monotonic)
+    heldout: HeldOutEvaluator | None = None
+    """The held-out measurements (:mod:`trainer.training.heldout`); None: nothing held out, or a scale-out rank
+    other than 0."""
+
+    @classmethod
+    def create(
+        cls,
+        config: SessionConfig,
+        received: Mapping[int, Snapshot],
+        replay: ReplayBuffer,
+        *,
+        options: TrainerOptions,
+        device: torch.device,
+        checkpoint_dir: Path | None = None,
+    ) -> TrainingJob:
+        """Build the job; with ``options.resume`` and a checkpoint in ``checkpoint_dir`` (or in the
+        folder of an earlier run of the same task), continue from it. ``options`` were checked where they
+        were read (:mod:`trainer.settings.options`): nothing here refuses them again.
+
+        Raises:
+            ResumeRefused: the checkpoint belongs to other networks, config or data, or none is usable.
+        """
+        training = config.trainer.training
+        # Same seed, same CPU result: every random draw comes from this one generator (spec §4.1 Seed).
+        torch.manual_seed(training.seed)
+        generator = torch.Generator(device=device)
+        generator.manual_seed(training.seed)
+        # Held-out episodes (trainer.training.heldout): with the option off or too few episodes the split
+        # holds nothing out and the training data is built exactly as without it.
+        split = split_episodes(
+            replay.episode_lengths, options.heldout_share, options.heldout_min_episodes, training.seed
+        )
+        data = TrainingData.from_replay(
+            replay, config.action_chunk_size, split.train if split.active else None
+        )
+        model = _model(config, received, options, data, device)
+        tensors = model.tensor_data(data)
+        optimizer = make_optimizer(model, training.learning_rate, training.weight_decay, options.layer_lr)
+        sampler = BatchSampler(tensors, training.batch_size, generator)
+        time_distribution = TimeDistribution.of(options.time_distribution)
+        total = options.iteration_num or training.iteration_num
+        distill_start = _distill_start(options, total)
+        heldout = _heldout(config, replay, split, model, options, time_distribution, total, device)
+        job = cls(
+            config=config,
+            options=options,
+            model=model,
+            optimizer=optimizer,
+            sampler=sampler,
+            generator=generator,
+            time_distribution=time_distribution,
+            data=data,
+            tensors=tensors,
+            device=device,
+            total_iterations=total,
+            distill_start=distill_start,
+            checkpoint_dir=checkpoint_dir,
+            fingerprint=Fingerprint.of(config, received, replay, ema_decay=options.ema_decay),
+            heldout=heldout,
+        )
+        if checkpoint_dir is not None:
+            for stale in remove_stale_temp_files(checkpoint_dir):
+                log(f"la-trainer: removed {stale.name}, left by a checkpoint write that did not finish")
+        if options.resume:
+            if checkpoint_dir is None:
+                log("la-trainer: warning: --resume: this run has no folder for checkpoints; starting fresh.")
+            else:
+                job._resume()
+        return job
+
+    def _resume(self) -> None:
+        """Load the newest usable checkpoint (``--resume``) into the model, optimiser and generator.
+
+        Runs before the first step, so the step chosen then (:func:`trainer.training.steps.choose_step`) adopts the
+        loaded state.
+        """
+        assert self.checkpoint_dir is not None and self.fingerprint is not None  # create() sets both
+        state, notes = load_for_resume(self.checkpoint_dir, self.fingerprint)
+        for note in notes:
+            log(f"la-trainer: resume: {note}")
+        if state is None:
+            # [INF] --resume without a checkpoint starts fresh (ML-Agents refuses): an engine-spawned run
+            # gets a new task folder each time, so a standing LA_TRAINER_RESUME=1 must not break the first.
+            log(f"la-trainer: --resume: no checkpoint in {self.checkpoint_dir}; starting a fresh run.")
+            return
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(_regrouped(state.optimizer, self.optimizer.state_dict()))
+        training = self.config.trainer.training
+        # The config of this run wins for the knobs a user may change between crash and resume.
+        set_learning_rate(self.optimizer, training.learning_rate)
+        for group in self.optimizer.param_groups:
+            group["weight_decay"] = training.weight_decay
+        if state.generator_device == self.generator.device.type:
+            self.generator.set_state(state.generator)
+        else:
+            # A CPU generator state cannot seed a CUDA generator (and vice versa): reseed from the run's
+            # seed and the iteration, so the resumed run is still reproducible on this device.
+            self.generator.manual_seed(training.seed + state.iteration)
+            log(
+                f"la-trainer: note: the checkpoint was made on {state.generator_device}; the random generator "
+                f"was reseeded for {self.generator.device.type}"
+            )
+        self.start_iteration = state.iteration
+        self.smoothed_loss = state.smoothed_loss
+        self.checkpoint_iteration = state.iteration
+        log(
+            f"la-trainer: resumed from the checkpoint of iteration {state.iteration} in {self.checkpoint_dir}"
+        )
+
+    @property
+    def sample_num(self) -> int:
+        return self.data.row_num
+
+    @property
+    def observation_dim(self) -> int:
+        return int(self.data.observations.shape[1])
+
+    @property
+    def action_dim(self) -> int:
+        return int(self.data.targets.shape[1])
+
+    def step(self, iteration: int) -> float:
+        """One optimisation step (flow matching, or distillation from :attr:`distill_start` on); returns
+        the smoothed loss."""
+        phase = Phase.FLOW_MATCHING
+        if self.distill_start is not None and iteration >= self.distill_start:
+            phase = Phase.DISTILLATION
+        if phase is not self.phase or self.training_step is None:
+            self.training_step = choose_step(phase, self._step_inputs(), iteration)
+            if phase is Phase.DISTILLATION:
+                self.smoothed_loss = math.nan  # another loss: do not smooth across the boundary
+            self.phase = phase
+        metrics = self.training_step.step(iteration)
+        if math.isnan(self.smoothed_loss):
+            self.smoothed_loss = metrics.loss
+        else:
+            self.smoothed_loss = LOSS_SMOOTHING * self.smoothed_loss + (1 - LOSS_SMOOTHING) * metrics.loss
+        return self.smoothed_loss
+
+    def _step_inputs(self) -> StepInputs:
+        training = self.config.trainer.training
+        return StepInputs(
+            model=self.model,
+            optimizer=self.optimizer,
+            tensors=self.tensors,
+            sampler=self.sampler,
+            generator=self.generator,
+            time_distribution=self.time_distribution,
+            obs_noise_scale=training.observation_noise_scale,
+            learning_rate=training.learning_rate,
+            weight_decay=training.weight_decay,
+            layer_lr=self.options.layer_lr,
+            device=self.device,
+            compile=self.options.compile,
+            ode_steps=self.options.ode_steps,
+            averaging=self.gradient_averaging,
+            draws_per_row=self.options.draws_per_row,
+        )
+
+    def export(self) -> dict[int, Layer]:
+        """Networks 0 (denoiser), 1 (encoder), 2 (decoder) with every fold applied."""
+        exported = self.model.export()
+        return {
+            int(NetworkId.DENOISER): exported.denoiser,
+            int(NetworkId.ENCODER): exported.encoder,
+            int(NetworkId.DECODER): exported.decoder,
+        }
+
+    def maybe_checkpoint(self, iteration: int, *, force: bool = False) -> Path | None:
+        """Write a resumable checkpoint after ``iteration`` steps when one is due; returns its path.
+
+        Due: ``force`` (end of run, stop, interrupt, lost engine), or ``checkpoint_every_seconds`` since the
+        last one (0: only forced ones). Checkpoints go to :attr:`checkpoint_dir`, the same folder as the
+        snapshots, whether or not the config saves snapshots. Cheap when not due.
+
+        [INF] Distillation (the last part of a run with ``ode_steps`` > 0) is not checkpointed: its teacher
+        and second optimiser would double the file. A checkpoint is forced at the phase boundary instead,
+        so a resume repeats at most the distillation phase.
+        """
+        if self.checkpoint_dir is None or self.fingerprint is None:
+            return None
+        boundary = self.distill_start is not None and iteration == self.distill_start
+        if self.distill_start is not None and iteration > self.distill_start:
+            return self.last_checkpoint
+        if iteration == self.checkpoint_iteration:
+            return self.last_checkpoint
+        every = self.options.checkpoint_every_seconds
+        now = time.monotonic()
+        if not (force or boundary or (every > 0 and now - self.checkpoint_clock >= every)):
+            return None
+        state = TrainingState(
+            iteration=iteration,
+            model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            generator=self.generator.get_state(),
+            generator_device=self.generator.device.type,
+            smoothed_loss=float(self.smoothed_loss),
+            fingerprint=self.fingerprint,
+            trainer_version=__version__,
+            saved_at=time.time(),
+        )
+        self.last_checkpoint = save_checkpoint(self.checkpoint_dir, state)
+        self.checkpoint_iteration = iteration
+        self.checkpoint_clock = time.monotonic()
+        return self.last_checkpoint
+
+
+def _model(
+    config: SessionConfig,
+    received: Mapping[int, Snapshot],
+    options: TrainerOptions,
+    data: TrainingData,
+    device: torch.device,
+) -> FlowModel:
+    """The model from the received networks (:meth:`FlowModel.from_networks`), and one log line on where
+    the normalisation went (and a note for each fallback)."""
+    settings = ModelSettings.from_session(
+        config,
+        ema_decay=options.ema_decay,
+        spread_start=options.spread_start,
+        spread_gain=options.spread_gain,
+    )
+    model = FlowModel.from_networks(
+        received[NetworkId.DENOISER].model,
+        received[NetworkId.ENCODER].model,
+        received[NetworkId.DECODER].model,
+        config.observation_schema.schema,
+        config.action_schema.schema,
+        settings,
+        data,
+        device,
+    )
+    placement = model.placement
+    log(
+        f"la-trainer: normalisation: observations in the {placement.observations}, actions in the "
+        f"{placement.actions}; source fitted to the data (NormalizeLatents): {placement.fitted_source}; "
+        f"encoder trained: {placement.encoder_trained}"
+    )
+    for note in placement.notes:
+        log(f"la-trainer: note: {note}")
+    return model
+
+
+def _distill_start(options: TrainerOptions, total: int) -> int | None:
+    """The first distillation iteration (``ode_steps`` > 0): the last iterations distil for the game's
+    ODEStepsNum, as many as fit into ``distill_fraction`` of the run's time (trainer.training.steps.
+    distill); None when off. Says so, with a warning below the recommended count."""
+    if options.ode_steps <= 0:
+        return None
+    cost = DistillSettings(options.ode_steps).cost
+    distill_start = total - distill_iterations(total, options.distill_fraction, cost)
+    log(
+        f"la-trainer: distilling for {options.ode_steps} Euler step(s) from iteration {distill_start} "
+        f"({total - distill_start} of {total} iterations, ~{options.distill_fraction:.0%} of the time)"
+    )
+    if total - distill_start < RECOMMENDED_ITERATIONS:
+        log(
+            f"la-trainer: warning: {total - distill_start} distillation iterations are fewer than the "
+            f"{RECOMMENDED_ITERATIONS} that measured close to many-step quality (docs/distillation.md); "
+            "raise IterationNum or distill_fraction for better few-step behaviour."
+        )
+    return distill_start
+
+
+def _heldout(
+    config: SessionConfig,
+    replay: ReplayBuffer,
+    split: EpisodeSplit,
+    model: FlowModel,
+    options: TrainerOptions,
+    time_distribution: TimeDistribution,
+    total: int,
+    device: torch.device,
+) -> HeldOutEvaluator | None:
+    """The held-out measurements when the split holds episodes out (one log line either way)."""
+    if not split.active:
+        if options.heldout_share > 0:
+            log(
+                f"la-trainer: nothing held out: {int((replay.episode_lengths > 0).sum())} episodes, fewer than "
+                f"heldout_min_episodes ({options.heldout_min_episodes}); training on every episode"
+            )
+        return None
+    heldout = HeldOutEvaluator.build(
+        model,
+        TrainingData.from_replay(replay, config.action_chunk_size, split.heldout),
+        episodes=int(split.heldout.size),
+        time_distribution=time_distribution,
+        seed=config.trainer.training.seed,
+        steps=options.ode_steps or DEFAULT_ODE_STEPS,
+        device=device,
+    )
+    log(
+        f"la-trainer: held out {split.heldout.size} of {split.heldout.size + split.train.size} episodes "
+        f"({heldout.rows} rows) to measure imitation quality on, every "
+        f"{options.heldout_every_iterations or total} iterations at {heldout.steps} Euler steps "
+        "(option heldout_share; trainer/training/heldout.py)"
+    )
+    return heldout
+
+
+def _regrouped(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """The checkpoint's optimiser state in this run's parameter groups.
+
+    ``layer_lr`` decides how the parameters are grouped (one group, or one per distinct per-layer rate),
+    and it may differ between the run that wrote the checkpoint and this one (a user changed it, or a
+    newer la-trainer changed its default). The Adam moments belong to each parameter, not to its group,
+    and the parameters come in the same order either way (the fingerprint has checked the networks), so
+    the moments carry over by position; the groups' settings are this run's, as for the learning rate.
+    """
+    saved_ids = [i for group in saved["param_groups"] for i in group["params"]]
+    current_ids = [i for group in current["param_groups"] for i in group["params"]]
+    if saved_ids == current_ids and len(saved["param_groups"]) == len(current["param_groups"]):
+        return dict(saved)
+    if len(saved_ids) != len(current_ids):
+        raise CheckpointError(
+            f"the checkpoint's optimiser holds {len(saved_ids)} parameters, this model {len(current_ids)}"
+        )
+    by_position = dict(zip(saved_ids, current_ids, strict=True))
+    state = {by_position[key]: value for key, value in saved["state"].items()}
+    return {"state": state, "param_groups": [dict(group) for group in current["param_groups"]]}

@@ -1,0 +1,68 @@
+"""What the job asks of a training step, and the seam through which scale-out averages gradients.
+
+A run has up to two phases (:class:`Phase`): flow matching, then, with ``ode_steps`` > 0, few-step
+distillation (:mod:`trainer.training.steps.distill`). Each phase is stepped by one :class:`TrainingStep`, which
+draws its own minibatch from the job's generator and takes one optimisation step;
+:func:`trainer.training.steps.choose_step` picks the implementation. Nothing here imports the implementations, so
+each of them can import this module.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import NamedTuple, Protocol
+
+from torch import Tensor
+
+__all__ = ["GradientAveraging", "Phase", "StepMetrics", "TrainingStep"]
+
+
+class StepMetrics(NamedTuple):
+    """``loss``: the step's MSE in standardised velocity units; ``grad_norm``: the global L2 norm of the
+    gradients before the step."""
+
+    loss: float
+    grad_norm: float
+
+
+class Phase(Enum):
+    """The part of a run a step belongs to; the value names it in log lines."""
+
+    FLOW_MATCHING = "flow matching"
+    """Ordinary training, from the first iteration to ``TrainingJob.distill_start``."""
+    DISTILLATION = "distillation"
+    """The last iterations of a run with ``ode_steps`` > 0: the engine's few Euler steps are taught to
+    land where the many-step flow lands."""
+
+
+class TrainingStep(Protocol):
+    """One optimisation step of a phase, batch drawing included.
+
+    Every implementation keeps the model's and the optimiser's state current after each step, so the
+    job's export and checkpoints read the model and the optimiser and never the step itself."""
+
+    def step(self, iteration: int) -> StepMetrics:
+        """Draw a minibatch and take one step. ``iteration`` only names the step in errors.
+
+        Raises :class:`trainer.errors.Diverged` BEFORE the update when the loss or the gradient norm is
+        not finite, so the weights (and the EMA) stay those of the last good iteration."""
+        ...
+
+
+class GradientAveraging(Protocol):
+    """How a data-parallel run (:mod:`trainer.distributed`) makes every process apply the same update.
+
+    A step calls it at the one point where its gradients exist and the update has not happened yet. A
+    step built without one trains alone (one process)."""
+
+    def arm_autograd(self) -> None:
+        """Before an autograd step computes its loss: arm the averaging of the coming backward (DDP's
+        reducer averages the gradients while the backward runs). Called only when a backward follows:
+        an armed reducer without a backward breaks the next iteration."""
+        ...
+
+    def average_flat(self, flat_grads: Tensor) -> None:
+        """The fused step's flat gradient buffer, after its backward and its finiteness check, before
+        AdamW: replace it in place by the processes' average. Raises :class:`trainer.errors.Diverged`
+        when the average is not finite (every process sees the same average, so all stop together)."""
+        ...
