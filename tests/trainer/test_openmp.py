@@ -1,4 +1,4 @@
-"""The OpenMP wait set before torch loads (trainer.openmp): in every process that imports trainer, never
+"""The OpenMP wait set before torch loads (trainer.system.openmp): in every process that imports trainer, never
 over a user's own choice."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from emulator.launch import REPO_ROOT
-from trainer.openmp import (
+from trainer.system.openmp import (
     GOMP_SPIN_COUNT,
     OPENBLAS_THREADS,
     USER_BLAS_THREAD_VARIABLES,
