@@ -66,9 +66,16 @@ class Interrupted(TrainerError):
 
 
 class Diverged(TrainerError):
-    """The loss became non-finite; the last good weights were kept."""
+    """The loss became non-finite; the last good weights were kept.
+
+    ``iteration``: the step that was not finite, where the raiser knows it (the training loop reports
+    the run's iteration count from it: the weights kept are those after that many steps)."""
 
     exit_code = ExitCode.DIVERGED
+
+    def __init__(self, message: str, *, iteration: int | None = None) -> None:
+        super().__init__(message)
+        self.iteration = iteration
 
 
 class ResumeRefused(TrainerError):

@@ -836,20 +836,20 @@ class RecordingLink(MemoryLink):
 
 @contextlib.contextmanager
 def record_loss(cls: type[TrainingJob], out: Path) -> Iterator[None]:
-    """Write the smoothed loss that ``cls.step`` returns at :data:`COMPARED_ITERATION` to out/loss.txt."""
-    original = cls.step
+    """Write the smoothed loss after ``cls.advance`` (the story's step) at :data:`COMPARED_ITERATION` to
+    out/loss.txt (read back from the device there: ``settle``)."""
+    original = cls.advance
 
-    def step(self: TrainingJob, iteration: int) -> float:
-        loss = original(self, iteration)
+    def advance(self: TrainingJob, iteration: int) -> None:
+        original(self, iteration)
         if iteration == COMPARED_ITERATION:
-            (out / "loss.txt").write_text(repr(loss))
-        return loss
+            (out / "loss.txt").write_text(repr(self.settle()))
 
-    cls.step = step  # type: ignore[method-assign]
+    cls.advance = advance  # type: ignore[method-assign]
     try:
         yield
     finally:
-        cls.step = original  # type: ignore[method-assign]
+        cls.advance = original  # type: ignore[method-assign]
 
 
 def _exact_check(env: DistEnv, out: Path) -> None:

@@ -107,6 +107,11 @@ class DistributedTrainingJob(TrainingJob):
             raise ScaleOutError("DistributedTrainingJob used without scale_out_job")
         return self.rank_context
 
+    def advance(self, iteration: int) -> None:
+        """The story's step: :meth:`step` (scale-out reads its numbers every step: the averaged gradient's
+        check and, every ``agree_every`` steps, the ranks' agreement)."""
+        self.step(iteration)
+
     def step(self, iteration: int) -> float:
         """One DDP step; every ``agree_every``-th step also one small all-reduce on which the ranks agree
         on stop, interrupt and a failure of rank 0's link, and average the smoothed loss (what a

@@ -17,7 +17,7 @@ from typing import cast
 
 import torch
 
-__all__ = ["total_norm"]
+__all__ = ["mark_non_finite", "mark_non_finite_fallback", "register_generator", "total_norm"]
 
 _FOREACH_DEVICE_TYPES = ("cpu", "cuda")
 """Device types with ``torch._foreach_norm`` kernels in every torch from 2.1 on."""
@@ -63,3 +63,58 @@ def total_norm_fallback(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
             norms.extend(torch.linalg.vector_norm(t, 2.0) for t in group)
     result: torch.Tensor = torch.linalg.vector_norm(torch.stack([n.to(first_device) for n in norms]), 2.0)
     return result
+
+
+_NON_FINITE_CHECK: dict[str, bool] = {}
+"""Per device type: whether torch's ``_amp_foreach_non_finite_check_and_unscale_`` runs there (CUDA in
+every torch; the CPU from torch 2.3 on). Filled at the first call on that device type."""
+
+_ONES: dict[torch.device, torch.Tensor] = {}
+"""The scale 1 of that check, one per device (made at the first, eager, call: a CUDA graph that captures
+the check then reads this tensor instead of allocating one)."""
+
+
+@torch.no_grad()
+def mark_non_finite(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor) -> None:
+    """Set ``found_inf`` (a 0-d float32 tensor on the tensors' device) to 1 when any element of
+    ``tensors`` is NaN or infinite; leave it as it was otherwise (so it stays 1 once set). No host read.
+
+    torch's ``_amp_foreach_non_finite_check_and_unscale_`` with a scale of exactly 1 where it exists (one
+    kernel per tensor; the values are multiplied by 1, which changes no bit), else the same test written
+    with ``isfinite`` (a few kernels more)."""
+    tensors = list(tensors)
+    device_type = found_inf.device.type
+    if _NON_FINITE_CHECK.get(device_type, True):
+        try:
+            one = _ONES.get(found_inf.device)
+            if one is None:
+                one = _ONES[found_inf.device] = torch.ones((), dtype=torch.float32, device=found_inf.device)
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, one)
+            _NON_FINITE_CHECK[device_type] = True
+            return
+        except (NotImplementedError, RuntimeError):
+            if device_type in _NON_FINITE_CHECK:
+                raise  # it ran here before: this is a real failure, not a missing kernel
+            _NON_FINITE_CHECK[device_type] = False
+    mark_non_finite_fallback(tensors, found_inf)
+
+
+@torch.no_grad()
+def mark_non_finite_fallback(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor) -> None:
+    """What :func:`mark_non_finite` does on a torch without the CPU kernel (the engine's Mac torch, 2.1)."""
+    for tensor in tensors:
+        torch.maximum(found_inf, torch.isfinite(tensor).all().logical_not(), out=found_inf)
+
+
+def register_generator(graph: object, generator: torch.Generator) -> str | None:
+    """Register ``generator`` with a CUDA graph before its capture, so that every replay draws the next
+    numbers of its stream; None on success, else why it cannot be done here.
+
+    ``CUDAGraph.register_generator_state`` (torch >= 2.5 for generators other than the default one);
+    a torch without it captures only the default generator's draws correctly, so the caller refuses to
+    capture a step that draws from its own."""
+    register = getattr(graph, "register_generator_state", None)
+    if register is None:
+        return f"torch {torch.__version__} cannot register a generator with a CUDA graph"
+    register(generator)
+    return None

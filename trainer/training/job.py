@@ -32,18 +32,17 @@ from trainer.training.checkpoint import (
     remove_stale_temp_files,
     save_checkpoint,
 )
+from trainer.training.copies import exported_layers
 from trainer.training.data import TensorData, TrainingData
 from trainer.training.flow import TimeDistribution
 from trainer.training.heldout import DEFAULT_ODE_STEPS, EpisodeSplit, HeldOutEvaluator, split_episodes
 from trainer.training.model import FlowModel, ModelSettings
 from trainer.training.steps import GradientAveraging, Phase, StepInputs, TrainingStep, choose_step
 from trainer.training.steps.autograd import BatchSampler, make_optimizer, set_learning_rate
+from trainer.training.steps.base import LOSS_SMOOTHING, DeferredStep
 from trainer.training.steps.distill import RECOMMENDED_ITERATIONS, DistillSettings, distill_iterations
 
-__all__ = ["TrainingJob"]
-
-LOSS_SMOOTHING = 0.98
-"""Exponential smoothing of the logged loss (the raw per-batch loss is noisy)."""
+__all__ = ["LOSS_SMOOTHING", "TrainingJob"]
 
 
 @dataclass
@@ -84,6 +83,11 @@ class TrainingJob:
     heldout: HeldOutEvaluator | None = None
     """The held-out measurements (:mod:`trainer.training.heldout`); None: nothing held out, or a scale-out rank
     other than 0."""
+    cuda_graph: bool = True
+    """On CUDA, replay the fused step as one CUDA graph where it captures
+    (:mod:`trainer.training.steps.graphed`); False: the eager fused step (the bench's comparison)."""
+    unread: int = field(default=0, init=False)
+    """Steps launched since the last :meth:`settle` (their numbers are still on the device)."""
 
     @classmethod
     def create(
@@ -203,21 +207,60 @@ class TrainingJob:
         return int(self.data.targets.shape[1])
 
     def step(self, iteration: int) -> float:
-        """One optimisation step (flow matching, or distillation from :attr:`distill_start` on); returns
-        the smoothed loss."""
+        """One optimisation step (flow matching, or distillation from :attr:`distill_start` on), then
+        :meth:`settle`: returns the smoothed loss; one host read per step."""
+        self._advance(iteration)
+        return self.settle()
+
+    def advance(self, iteration: int) -> None:
+        """One optimisation step without a host read where the step allows it
+        (:class:`~trainer.training.steps.base.DeferredStep`: the fused step, eager or as a CUDA graph):
+        its loss is smoothed on the device and a non-finite step is skipped there, both reported by
+        the next :meth:`settle`. Other steps read their numbers at once, as before."""
+        self._advance(iteration)
+
+    def _advance(self, iteration: int) -> None:
         phase = Phase.FLOW_MATCHING
         if self.distill_start is not None and iteration >= self.distill_start:
             phase = Phase.DISTILLATION
         if phase is not self.phase or self.training_step is None:
+            self.settle()  # the phase that ends may hold unread steps (and an unreported divergence)
             self.training_step = choose_step(phase, self._step_inputs(), iteration)
             if phase is Phase.DISTILLATION:
                 self.smoothed_loss = math.nan  # another loss: do not smooth across the boundary
+            elif isinstance(self.training_step, DeferredStep):
+                self.training_step.smooth_from(self.smoothed_loss)  # a resumed run's, or NaN
             self.phase = phase
-        metrics = self.training_step.step(iteration)
+        step = self.training_step
+        if isinstance(step, DeferredStep):
+            step.launch(iteration)
+            self.unread += 1
+            return
+        metrics = step.step(iteration)
         if math.isnan(self.smoothed_loss):
             self.smoothed_loss = metrics.loss
         else:
             self.smoothed_loss = LOSS_SMOOTHING * self.smoothed_loss + (1 - LOSS_SMOOTHING) * metrics.loss
+
+    def settle(self) -> float:
+        """Read what the launched steps left on the device (one host read; none when nothing is unread):
+        :attr:`smoothed_loss` is current afterwards. Raises :class:`trainer.errors.Diverged` when one of
+        them was not finite; it was skipped on the device, and so was every step after it, so the weights
+        are those of the iteration the error names (``Diverged.iteration``)."""
+        step = self.training_step
+        if self.unread == 0 or not isinstance(step, DeferredStep):
+            return self.smoothed_loss
+        self.unread = 0
+        step.read()  # raises Diverged, leaving smoothed_loss at the last value read before it
+        self.smoothed_loss = step.smoothed_loss
+        return self.smoothed_loss
+
+    def loss_probe(self) -> torch.Tensor | float:
+        """The smoothed loss now without a host read: a 0-d device tensor while steps are unread (read it
+        later, with others), else :attr:`smoothed_loss`."""
+        step = self.training_step
+        if self.unread and isinstance(step, DeferredStep):
+            return step.probe()
         return self.smoothed_loss
 
     def _step_inputs(self) -> StepInputs:
@@ -238,16 +281,12 @@ class TrainingJob:
             ode_steps=self.options.ode_steps,
             averaging=self.gradient_averaging,
             draws_per_row=self.options.draws_per_row,
+            cuda_graph=self.cuda_graph,
         )
 
     def export(self) -> dict[int, Layer]:
         """Networks 0 (denoiser), 1 (encoder), 2 (decoder) with every fold applied."""
-        exported = self.model.export()
-        return {
-            int(NetworkId.DENOISER): exported.denoiser,
-            int(NetworkId.ENCODER): exported.encoder,
-            int(NetworkId.DECODER): exported.decoder,
-        }
+        return exported_layers(self.model)
 
     def maybe_checkpoint(self, iteration: int, *, force: bool = False) -> Path | None:
         """Write a resumable checkpoint after ``iteration`` steps when one is due; returns its path.

@@ -452,20 +452,53 @@ class FlowModel(nn.Module):
         step passes its flat buffers, of which the parameters and their EMA copies are views."""
         if self.ema_denoiser is None:
             return
-        if pairs is None:
-            if self._ema_pairs is None:
-                live: list[Tensor] = list(self.denoiser.parameters())
-                ema: list[Tensor] = list(self.ema_denoiser.parameters())
+        self.apply_ema(pairs or self.ema_pairs(), self.take_ema_weight())
+
+    def ema_pairs(self) -> tuple[list[Tensor], list[Tensor]]:
+        """(EMA tensors, live tensors) of the per-parameter update, in the same order (empty lists when
+        the EMA is off)."""
+        if self._ema_pairs is None:
+            live: list[Tensor] = []
+            ema: list[Tensor] = []
+            if self.ema_denoiser is not None:
+                live += list(self.denoiser.parameters())
+                ema += list(self.ema_denoiser.parameters())
                 if self.ema_encoder is not None:
                     live += list(self.encoder.parameters())
                     ema += list(self.ema_encoder.parameters())
-                self._ema_pairs = (ema, live)
-            pairs = self._ema_pairs
+            self._ema_pairs = (ema, live)
+        return self._ema_pairs
+
+    def take_ema_weight(self) -> float:
+        """The host half of one EMA update: ``1 - decay`` for it, counted (the warm-up schedule: the
+        ``n``-th update decays by ``min(ema_decay, (1 + n) / (10 + n))``). With :meth:`apply_ema` it is
+        :meth:`update_ema`; a step replayed as a CUDA graph calls this half on the host every step and
+        captures the other."""
         n = self._ema_count
         decay = min(self.ema_decay, (1.0 + n) / (10.0 + n))
-        torch._foreach_lerp_(pairs[0], pairs[1], 1.0 - decay)
         self._ema_count = n + 1
+        return 1.0 - decay
+
+    @torch.no_grad()
+    def apply_ema(self, pairs: tuple[list[Tensor], list[Tensor]], weight: float | Tensor) -> None:
+        """The device half of one EMA update: each EMA tensor moves toward its live one by ``weight``
+        (``lerp_``) and ``ema_updates`` counts it. ``weight``: ``1 - decay`` from :meth:`take_ema_weight`,
+        or that value as a 0-d float32 tensor on the device (bitwise the same update: ``lerp_`` rounds
+        a number weight to float32 too), which a caller may set to 0 to skip a step on the device."""
+        if isinstance(weight, Tensor):
+            for ema, live in zip(pairs[0], pairs[1], strict=True):
+                ema.lerp_(live, weight)
+        else:
+            torch._foreach_lerp_(pairs[0], pairs[1], weight)
         self.ema_updates.add_(1)
+
+    @torch.no_grad()
+    def forget_ema_updates(self, count: int) -> None:
+        """Uncount ``count`` EMA updates that a step skipped on the device (weight 0): the warm-up
+        schedule and ``ema_updates`` continue as if they had not been taken."""
+        if count > 0:
+            self._ema_count = max(0, self._ema_count - count)
+            self.ema_updates.sub_(count)
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters the optimiser updates (denoiser, and the encoder when it is trained)."""

@@ -6,6 +6,7 @@ drawing included). :func:`choose_step` builds the one for a phase of the run and
 * flow matching, the engine's MLP denoiser with a frozen encoder: :class:`~trainer.training.steps.fused.FusedStep`
   (:mod:`trainer.training.steps.fused`: same draws and maths as the reference, fewer kernels), its arithmetic
   ``torch.compile``-d (:mod:`trainer.training.steps.compiled`) when the ``compile`` option asks and it can;
+  on CUDA replayed as one CUDA graph (:class:`~trainer.training.steps.graphed.GraphedStep`) unless compiled;
 * flow matching, any other model: :class:`~trainer.training.steps.autograd.AutogradStep` (the readable reference);
 * distillation (the last part of a run with ``ode_steps`` > 0):
   :class:`~trainer.training.steps.distill.DistillationStep`.
@@ -29,6 +30,7 @@ from trainer.training.steps.base import GradientAveraging, Phase, StepMetrics, T
 from trainer.training.steps.compiled import compile_wanted
 from trainer.training.steps.distill import DistillationStep, Distiller, DistillSettings
 from trainer.training.steps.fused import FusedStep, fused_step_unsupported
+from trainer.training.steps.graphed import GraphedStep, graph_unavailable
 
 __all__ = [
     "GradientAveraging",
@@ -50,7 +52,8 @@ class StepInputs:
     under scale-out), which the fused step draws too. ``compile``: the option (``"on"``/``"off"``).
     ``ode_steps``: the game's step count, used by the distillation phase. ``averaging``: scale-out's
     gradient averaging (None: one process). ``draws_per_row``: (x0, t) draws per batch row in the flow-matching
-    phase (:func:`trainer.training.flow.stratified_draws`; 1: one independent draw, the reference's stream)."""
+    phase (:func:`trainer.training.flow.stratified_draws`; 1: one independent draw, the reference's stream).
+    ``cuda_graph``: on CUDA, replay the fused step as a CUDA graph (False: eager)."""
 
     model: FlowModel
     optimizer: torch.optim.Optimizer
@@ -67,6 +70,7 @@ class StepInputs:
     ode_steps: int = 0
     averaging: GradientAveraging | None = None
     draws_per_row: int = 1
+    cuda_graph: bool = True
 
 
 def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingStep:
@@ -95,6 +99,10 @@ def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingSte
         # [INF] Scale-out has always run the eager fused step: the compiled function with the gradient
         # all-reduce between it and AdamW has not been measured or tested.
         compiled, why = False, "scale-out runs the eager fused step"
+    # [INF] Scale-out's all-reduce sits between the backward and AdamW: not captured (not measured).
+    graphed = (
+        inputs.cuda_graph and not compiled and averaging is None and graph_unavailable(inputs.device) is None
+    )
     fused = FusedStep.build(
         inputs.model,
         inputs.optimizer,
@@ -106,6 +114,7 @@ def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingSte
         compiled=compiled,
         average_gradients=None if averaging is None else averaging.average_flat,
         draws_per_row=inputs.draws_per_row,
+        device_state=graphed,
     )
     if fused is None:
         reason = fused_step_unsupported(inputs.model, inputs.optimizer)
@@ -132,4 +141,6 @@ def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingSte
         else:
             reason = "the replay buffer's latents are too large to precompute"
         log(f"la-trainer: warning: training step not compiled ({reason})")
+    if graphed:
+        return GraphedStep(fused)  # logs whether the capture worked, at the step after the warm-up
     return fused

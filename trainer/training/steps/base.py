@@ -10,11 +10,15 @@ each of them can import this module.
 from __future__ import annotations
 
 from enum import Enum
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from torch import Tensor
 
-__all__ = ["GradientAveraging", "Phase", "StepMetrics", "TrainingStep"]
+__all__ = ["LOSS_SMOOTHING", "DeferredStep", "GradientAveraging", "Phase", "StepMetrics", "TrainingStep"]
+
+LOSS_SMOOTHING = 0.98
+"""Exponential smoothing of the logged loss (the raw per-batch loss is noisy): each step moves the
+smoothed value by ``1 - LOSS_SMOOTHING`` of the way to its own loss."""
 
 
 class StepMetrics(NamedTuple):
@@ -46,6 +50,43 @@ class TrainingStep(Protocol):
 
         Raises :class:`trainer.errors.Diverged` BEFORE the update when the loss or the gradient norm is
         not finite, so the weights (and the EMA) stay those of the last good iteration."""
+        ...
+
+
+@runtime_checkable
+class DeferredStep(TrainingStep, Protocol):
+    """A step that leaves its numbers on the device: :meth:`launch` takes a step without reading
+    anything back to the host (on a GPU the host never waits for the device), :meth:`read` reads once.
+
+    A step whose loss or gradients are not finite is skipped on the device (weights, optimiser state and
+    EMA stay those of the last good step), and so is every later one until :meth:`read` reports it:
+    a divergence is found at the next read instead of at its own step, with the weights it found.
+    ``step`` is ``launch`` then ``read``'s metrics."""
+
+    def launch(self, iteration: int) -> None:
+        """Draw a minibatch and take one step, smoothing the loss on the device; no host read.
+        ``iteration`` names the step in a later :class:`trainer.errors.Diverged`."""
+        ...
+
+    def smooth_from(self, value: float) -> None:
+        """Continue the smoothed loss from ``value`` (a resumed run's) instead of from the next step's."""
+        ...
+
+    def probe(self) -> Tensor:
+        """The smoothed loss now, as a new 0-d tensor on the device (no host read): a metrics point taken
+        now and read later with others."""
+        ...
+
+    def read(self) -> StepMetrics:
+        """One host read: the latest step's metrics, and :attr:`smoothed_loss` updated.
+
+        Raises :class:`trainer.errors.Diverged` (with the first skipped iteration) when a step since the
+        last read was not finite; the report clears it, so the next launch trains again."""
+        ...
+
+    @property
+    def smoothed_loss(self) -> float:
+        """The smoothed loss as of the last :meth:`read` (NaN before the first)."""
         ...
 
 

@@ -170,14 +170,57 @@ class FlatAdamW:
         """One AdamW update (decoupled weight decay, optional amsgrad) of ``params`` from ``grads``, each
         parameter group's run of the flat buffers with that group's current settings (its own ``lr``;
         :func:`trainer.training.steps.autograd.make_optimizer` groups by per-layer rate)."""
-        self._step_count += 1
-        step = float(self._step_count)
-        self.steps.add_(1.0)
-        # Read each step: load_state_dict replaces the group dicts, a schedule changes their lr.
-        for group, span in zip(self.optimizer.param_groups, self._spans, strict=True):
-            self._update(group, span, step)
+        self.count()
+        self.apply()
 
-    def _update(self, group: dict[str, Any], span: slice, step: float) -> None:
+    def count(self) -> None:
+        """The host half of :meth:`step`: the step count the single-tensor formulas use (the fused kernel
+        reads the device's ``steps`` instead)."""
+        self._step_count += 1
+
+    @property
+    def step_count(self) -> int:
+        """Updates counted on the host (:meth:`count`), skipped ones included until :meth:`recount`."""
+        return self._step_count
+
+    def recount(self, applied: int) -> None:
+        """Set the host count to the updates the device applied (after steps it skipped)."""
+        self._step_count = applied
+
+    def apply(
+        self,
+        *,
+        keep: Tensor | None = None,
+        found_inf: Tensor | None = None,
+        lrs: list[Tensor] | None = None,
+    ) -> None:
+        """The device half of :meth:`step` (what a CUDA graph captures).
+
+        ``found_inf`` (0-d float32 on the device, fused kernel only): 1 skips the update there, and
+        ``keep`` (``1 - found_inf``) is what ``steps`` advances by, so a skipped update leaves weights,
+        moments and step count as they were without a host read. ``lrs``: each group's rate as a 0-d
+        device tensor (updated in place by the caller; float64 on a CPU, where the kernel reads it as a
+        double, so the update is bitwise the one with the group's number; float32 on CUDA, as its kernel
+        reads it) instead of the group's number, which a graph would freeze."""
+        if found_inf is not None and not self.fused:
+            raise ValueError("skipping an update on the device needs the fused AdamW kernel")
+        step = float(self._step_count)
+        if keep is None:
+            self.steps.add_(1.0)
+        else:
+            self.steps.add_(keep)
+        # Read each step: load_state_dict replaces the group dicts, a schedule changes their lr.
+        for i, (group, span) in enumerate(zip(self.optimizer.param_groups, self._spans, strict=True)):
+            self._update(group, span, step, found_inf, None if lrs is None else lrs[i])
+
+    def _update(
+        self,
+        group: dict[str, Any],
+        span: slice,
+        step: float,
+        found_inf: Tensor | None,
+        lr_tensor: Tensor | None,
+    ) -> None:
         lr = float(group["lr"])
         beta1, beta2 = (float(b) for b in group["betas"])
         eps = float(group["eps"])
@@ -196,15 +239,18 @@ class FlatAdamW:
                 [exp_avg_sq],
                 [max_exp_avg_sq],
                 [self._step0],
-                lr=lr,
+                lr=lr if lr_tensor is None else lr_tensor,
                 beta1=beta1,
                 beta2=beta2,
                 weight_decay=weight_decay,
                 eps=eps,
                 amsgrad=bool(group["amsgrad"]),
                 maximize=False,
+                found_inf=found_inf,
             )
             return
+        if lr_tensor is not None:
+            raise ValueError("a device learning rate needs the fused AdamW kernel")
         if weight_decay != 0:
             param.mul_(1 - lr * weight_decay)
         exp_avg.lerp_(grad, 1 - beta1)

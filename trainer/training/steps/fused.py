@@ -59,10 +59,11 @@ from torch import Tensor, nn
 
 from trainer.errors import Diverged
 from trainer.system.console import log
+from trainer.system.torch_compat import mark_non_finite
 from trainer.training.data import TensorData
 from trainer.training.flow import TimeDistribution, source_spread, stratified_draws
 from trainer.training.model import FlowModel
-from trainer.training.steps.base import StepMetrics
+from trainer.training.steps.base import LOSS_SMOOTHING, StepMetrics
 from trainer.training.steps.compiled import FlatLayout, FlatStep, compile_flat_step
 from trainer.training.steps.flat import FlatAdamW
 from trainer.training.steps.mlp import MlpLayout, activation_backward, activation_forward, parse_mlp
@@ -132,6 +133,7 @@ class FusedStep:
         compiled: bool = False,
         average_gradients: Callable[[Tensor], None] | None = None,
         draws_per_row: int = 1,
+        device_state: bool = False,
     ) -> None:
         """Use :meth:`build`, which checks support first."""
         device = data.obs.device
@@ -242,6 +244,41 @@ class FusedStep:
             )
             self._compiled = compile_flat_step(layout.activations, flat_layout)
 
+        # What the step leaves on the device instead of reading it (DeferredStep): this step's sum of
+        # squared errors, the smoothed sum, the sticky non-finite flag and its complement, the EMA's
+        # masked weight. With device_state the learning rates and the EMA's 1 - decay are device tensors
+        # too, written by prepare() when they change (a CUDA graph reads them there).
+        self._divisor = b * action_width
+        self._loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+        self._smoothed = torch.zeros((), dtype=torch.float32, device=device)
+        self._found_inf = torch.zeros((), dtype=torch.float32, device=device)
+        self._keep = torch.ones((), dtype=torch.float32, device=device)
+        self._one = torch.ones((), dtype=torch.float32, device=device)
+        ema_on = model.ema_denoiser is not None and self.flat.fused
+        self._ema_weight = torch.zeros((), dtype=torch.float32, device=device) if ema_on else None
+        self._ema_base = (
+            torch.zeros((), dtype=torch.float32, device=device) if ema_on and device_state else None
+        )
+        self._ema_value = math.nan
+        self.device_state = device_state and self.flat.fused
+        # float64 on a CPU (its kernel reads the rate as a double: bitwise the number's update), float32
+        # on CUDA (its kernel reads a float).
+        lr_dtype = torch.float64 if device.type == "cpu" else torch.float32
+        groups = len(optimizer.param_groups)
+        self._lrs = (
+            [torch.zeros((), dtype=lr_dtype, device=device) for _ in range(groups)]
+            if self.device_state
+            else None
+        )
+        self._lr_values = [math.nan] * groups
+        self._launched = _Launches()
+        """Iterations launched since the last read (a divergence names the first one skipped)."""
+        self._applied = self.flat.step_count
+        """AdamW updates the device had applied at the last read."""
+        self._smoothing_started = False
+        self._smooth = False
+        self._smoothed_value = math.nan
+
     @property
     def compiling(self) -> bool:
         """Whether the step runs (or will, once compiled) through the compiled function."""
@@ -262,6 +299,7 @@ class FusedStep:
         compiled: bool = False,
         average_gradients: Callable[[Tensor], None] | None = None,
         draws_per_row: int = 1,
+        device_state: bool = False,
     ) -> FusedStep | None:
         """The fused step for this job, or None when :func:`fused_step_unsupported` finds a reason.
 
@@ -281,7 +319,11 @@ class FusedStep:
         ``draws_per_row`` K > 1: each of the ``batch_size`` rows is trained on K (x0, t) draws, stratified
         in t and antithetic in x0 (:func:`trainer.training.flow.stratified_draws`), instead of one independent
         draw: a different random stream from K = 1's (rows ``randint``, then those draws, then the
-        observation noise per sample)."""
+        observation noise per sample).
+
+        ``device_state``: the learning rates and the EMA's ``1 - decay`` live in device tensors that the
+        host half of a step writes when they change, so that a CUDA graph of the device half stays
+        right (:mod:`trainer.training.steps.graphed`); on a CPU bitwise the same steps as without."""
         if isinstance(draws_per_row, bool) or not isinstance(draws_per_row, int) or draws_per_row < 1:
             raise ValueError(f"draws_per_row must be a positive int, got {draws_per_row!r}")
         if fused_step_unsupported(model, optimizer) is not None:
@@ -306,22 +348,62 @@ class FusedStep:
             compiled,
             average_gradients,
             draws_per_row,
+            device_state,
         )
 
     # ----------------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def step(self, iteration: int = 0) -> StepMetrics:
-        """Draw a batch and take one step. Same contract as :func:`trainer.training.steps.autograd.train_step`: raises
-        :class:`Diverged` before touching the weights, the moments or the EMA when the loss or the
-        gradient norm is not finite. One host sync per step (the two metrics)."""
+        """Draw a batch and take one step, then read its metrics: :meth:`launch` and :meth:`read`. Same
+        contract as :func:`trainer.training.steps.autograd.train_step`: raises :class:`Diverged` with
+        the weights, the moments and the EMA untouched when the loss or the gradients are not finite. One
+        host read per step; the training loop launches instead and reads rarely."""
+        self.launch(iteration)
+        return self.read()
+
+    @torch.no_grad()
+    def launch(self, iteration: int = 0) -> None:
+        """One step without a host read (:class:`~trainer.training.steps.base.DeferredStep`): the host
+        half (adoption check, counters, the learning rates and the EMA weight), then the device half
+        :meth:`device_step`, which a CUDA graph captures (:mod:`trainer.training.steps.graphed`)."""
+        self.prepare(iteration)
+        self.device_step()
+
+    def prepare(self, iteration: int) -> None:
+        """The host half of a step, before :meth:`device_step` runs (or its graph replays)."""
+        if not self.flat.adopted():
+            if fused_step_unsupported(self.model, self.optimizer) is not None:
+                raise RuntimeError("the model or optimiser changed into one the fused step cannot run")
+            if self._launched:
+                self.read()  # the state about to be replaced may hold an unreported divergence
+            self.flat.adopt()
+            self._applied = self.flat.step_count
+        self._launched.add(iteration)
+        self._smooth = self._smoothing_started
+        self._smoothing_started = True
+        self.flat.count()
+        if self._ema_weight is not None:
+            weight = self.model.take_ema_weight()
+            if self._ema_base is None:
+                self._ema_value = weight
+            elif weight != self._ema_value:  # changes during the warm-up only
+                self._ema_base.fill_(weight)
+                self._ema_value = weight
+        if self._lrs is not None:
+            for i, group in enumerate(self.optimizer.param_groups):
+                lr = float(group["lr"])
+                if lr != self._lr_values[i]:
+                    self._lrs[i].fill_(lr)
+                    self._lr_values[i] = lr
+
+    def device_step(self) -> None:
+        """The device half: draws, forward, backward, the finiteness check, AdamW, the EMA and the
+        smoothed loss, in that order, with no host read. With ``device_state`` every number that changes
+        between steps is read from a device tensor (a CUDA graph may capture it)."""
         model = self.model
         g = self.generator
         b = self.batch_size
-        if not self.flat.adopted():
-            if fused_step_unsupported(model, self.optimizer) is not None:
-                raise RuntimeError("the model or optimiser changed into one the fused step cannot run")
-            self.flat.adopt()
 
         # 1. The draws, in the reference order (module docstring); the gathers use no random numbers.
         if self.draws_per_row > 1:
@@ -347,33 +429,102 @@ class FusedStep:
             magnitude = torch.rand(self._magnitude.shape, generator=g, out=self._magnitude)
             noise = torch.randn(self._noise.shape, generator=g, out=self._noise)
             noise.mul_(magnitude.mul_(self.obs_noise_scale)).mul_(model.noise_std)
-        metrics = self._compiled_metrics(idx, x0, t, noise) if self._compiled is not None else None
-        if metrics is None:
-            loss, divisor = self._eager_loss_and_grads(idx, x0, t, noise)
-            # vector_norm accumulates float32 in double on CPU, as the reference's norm does: no overflow
-            # of the squares for gradients that are large but finite.
-            grad_norm = torch.linalg.vector_norm(self.flat.grads)
-            loss_total, norm_value = torch.stack((loss, grad_norm)).tolist()
-            loss_value = loss_total / divisor
-        else:
-            loss_value, norm_value = metrics.tolist()
+        compiled = self._compiled is not None and self._compiled_loss(idx, x0, t, noise)
+        if not compiled:
+            self._eager_loss_and_grads(idx, x0, t, noise)
 
-        # 5. Check, average across processes (scale-out), then AdamW and the EMA.
-        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
-            raise Diverged(
-                f"the loss became non-finite at iteration {iteration} (loss {loss_value}, gradient norm "
-                f"{norm_value}); the weights of the last good iteration were kept"
-            )
+        # 5. Check on the device (sticky until read), average across processes (scale-out), AdamW and
+        # the EMA, each skipped there when the check failed.
+        if self.flat.fused:
+            mark_non_finite((self.flat.grads, self._loss_sum), self._found_inf)
+            torch.sub(self._one, self._found_inf, out=self._keep)
+        else:
+            self._check_on_host()  # the single-tensor formulas (exact mode) cannot skip on the device
         if self.average_gradients is not None:
             self.average_gradients(self.flat.grads)
-        self.flat.step()
-        model.update_ema(self.flat.ema_pairs)
-        return StepMetrics(loss=loss_value, grad_norm=norm_value)
+        if not self.flat.fused:
+            self.flat.apply()
+            model.update_ema(self.flat.ema_pairs)
+        else:
+            self.flat.apply(keep=self._keep, found_inf=self._found_inf, lrs=self._lrs)
+            if self._ema_weight is not None:
+                base = self._ema_value if self._ema_base is None else self._ema_base
+                torch.mul(self._keep, base, out=self._ema_weight)
+                model.apply_ema(self.flat.ema_pairs or model.ema_pairs(), self._ema_weight)
+        if self._smooth:
+            self._smoothed.lerp_(self._loss_sum, 1.0 - LOSS_SMOOTHING)
+        else:
+            self._smoothed.copy_(self._loss_sum)
 
-    def _compiled_metrics(self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None) -> Tensor | None:
-        """(mean loss, gradient norm) as float64, gradients into the flat buffer, through the compiled
-        function; None (and the compiled function dropped, with one warning) when it cannot compile or
-        run, so the caller runs the eager stages on the same draws."""
+    def smooth_from(self, value: float) -> None:
+        """Continue the smoothed loss from ``value`` (mean squared error) instead of the next step's."""
+        if math.isfinite(value):
+            self._smoothed.fill_(value * self._divisor)
+            self._smoothing_started = True
+            self._smoothed_value = value
+
+    @property
+    def smoothed_loss(self) -> float:
+        """The smoothed loss as of the last :meth:`read` (NaN before the first)."""
+        return self._smoothed_value
+
+    def probe(self) -> Tensor:
+        """The smoothed loss now, a new 0-d float32 tensor on the device (no host read)."""
+        return torch.div(self._smoothed, self._divisor)
+
+    def read(self) -> StepMetrics:
+        """One host read: the latest step's loss and gradient norm and the smoothed loss; raises
+        :class:`Diverged` naming the first step skipped since the last read, and clears the flag."""
+        launched, self._launched = self._launched, _Launches()
+        # vector_norm accumulates float32 in double on CPU, as the reference's norm does.
+        values = torch.stack(
+            (
+                self._loss_sum,
+                torch.linalg.vector_norm(self.flat.grads),
+                self._smoothed,
+                self._found_inf,
+                self.flat.steps[0],
+            )
+        ).tolist()
+        loss_total, norm_value, smoothed_total, found, applied = values
+        loss_value = loss_total / self._divisor
+        if found == 0.0:
+            self._smoothed_value = smoothed_total / self._divisor
+            self._applied = int(applied)
+            return StepMetrics(loss=loss_value, grad_norm=norm_value)
+        # Every step since the first bad one was skipped on the device: uncount them, then report.
+        good = int(applied) - self._applied
+        skipped = len(launched) - good
+        self.flat.recount(int(applied))
+        self.model.forget_ema_updates(skipped if self._ema_weight is not None else 0)
+        self._applied = int(applied)
+        self._found_inf.zero_()
+        first = launched.nth(min(max(good, 0), len(launched) - 1)) if launched else -1
+        late = f" (found on the device {skipped - 1} steps later)" if skipped > 1 else ""
+        raise Diverged(
+            f"the loss became non-finite at iteration {first}{late} (loss {loss_value}, gradient norm "
+            f"{norm_value}); the weights of the last good iteration were kept",
+            iteration=first,
+        )
+
+    def _check_on_host(self) -> None:
+        """Exact mode: the reference's check, with its host read, before anything changes."""
+        loss_total, norm_value = torch.stack(
+            (self._loss_sum, torch.linalg.vector_norm(self.flat.grads))
+        ).tolist()
+        if not (math.isfinite(loss_total) and math.isfinite(norm_value)):
+            iteration = self._launched.pop() if self._launched else -1
+            self.flat.recount(self.flat.step_count - 1)
+            raise Diverged(
+                f"the loss became non-finite at iteration {iteration} (loss {loss_total / self._divisor}, "
+                f"gradient norm {norm_value}); the weights of the last good iteration were kept",
+                iteration=iteration,
+            )
+
+    def _compiled_loss(self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None) -> bool:
+        """The sum of squared errors into ``_loss_sum`` and the gradients into the flat buffer, through
+        the compiled function; False (and the compiled function dropped, with one warning) when it cannot
+        compile or run, so the caller runs the eager stages on the same draws."""
         model = self.model
         assert self._compiled is not None and self._latents is not None
         try:
@@ -396,15 +547,14 @@ class FusedStep:
             self._compiled = None
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             log(f"la-trainer: warning: torch.compile failed ({first[:200]}); using the eager fused step")
-            return None
+            return False
         self.flat.grads.copy_(grads)
-        return metrics
+        torch.mul(metrics[0], self._divisor, out=self._loss_sum)  # the mean, back to a sum
+        return True
 
-    def _eager_loss_and_grads(
-        self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None
-    ) -> tuple[Tensor, int]:
-        """Stages 1–4 with preallocated buffers: (sum of squared errors (0-d), element count), gradients
-        into the flat buffer."""
+    def _eager_loss_and_grads(self, idx: Tensor, x0: Tensor, t: Tensor, noise: Tensor | None) -> None:
+        """Stages 1–4 with preallocated buffers: the sum of squared errors into ``_loss_sum`` (0-d),
+        gradients into the flat buffer."""
         model = self.model
         z = self._z
         if self._latents is not None:
@@ -447,7 +597,7 @@ class FusedStep:
         diff = torch.sub(pred, u, out=self._diff)
         n = diff.numel()
         flat_diff = diff.view(-1)
-        loss_sum = torch.dot(flat_diff, flat_diff)
+        torch.dot(flat_diff, flat_diff, out=self._loss_sum)
         grad = torch.mul(diff, 2.0 / n, out=self._grad_pre[-1])
         if self._out_std is not None:
             grad.mul_(self._out_std)
@@ -462,7 +612,43 @@ class FusedStep:
             if k > 0:
                 torch.mm(gk, weight, out=self._grad_act[k - 1])
                 self._backward[k - 1](self._grad_act[k - 1], self._pre[k - 1], prev, self._grad_pre[k - 1])
-        return loss_sum, n
+
+
+class _Launches:
+    """The iterations launched since the last read, kept as runs of consecutive numbers: constant memory
+    however many steps a caller launches without reading (a benchmark), the first skipped one found."""
+
+    def __init__(self) -> None:
+        self._runs: list[list[int]] = []  # [first iteration, count]
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, iteration: int) -> None:
+        runs = self._runs
+        if runs and runs[-1][0] + runs[-1][1] == iteration:
+            runs[-1][1] += 1
+        else:
+            runs.append([iteration, 1])
+        self._count += 1
+
+    def nth(self, k: int) -> int:
+        """The ``k``-th iteration launched (0: the first)."""
+        for first, count in self._runs:
+            if k < count:
+                return first + k
+            k -= count
+        raise IndexError(k)
+
+    def pop(self) -> int:
+        """Forget the last launch; its iteration."""
+        run = self._runs[-1]
+        run[1] -= 1
+        self._count -= 1
+        if run[1] == 0:
+            self._runs.pop()
+        return run[0] + run[1]
 
 
 @torch.no_grad()
