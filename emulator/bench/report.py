@@ -120,6 +120,11 @@ def format_report(results: Mapping[str, Any]) -> str:
                     f"  {'':<8} {_fmt(c['ours_compiled']['it_per_s']):>8} {value['threads']['ours']:>3}"
                     "   (ours, torch.compile-d: option compile=on)"
                 )
+            if "ours_eager" in c:
+                lines.append(
+                    f"  {'':<8} {_fmt(c['ours_eager']['it_per_s']):>8} {value['threads']['ours']:>3}"
+                    "   (ours without the CUDA graph: the eager fused step)"
+                )
             if "gemm_floor" in c:
                 floor = c["gemm_floor"]["it_per_s"]
                 lines.append(

@@ -43,11 +43,13 @@ def _trainer_threads(cfg: TrainConfig, override: int) -> int:
 
 
 def _our_step(job: TrainingJob) -> Callable[[int], None]:
-    """The production step: :meth:`TrainingJob.step` (the fused step where it applies, see
-    :mod:`trainer.training.steps.fused`), loss smoothing included."""
+    """The production step: :meth:`TrainingJob.advance`, as the training loop calls it (the fused step
+    where it applies, see :mod:`trainer.training.steps.fused`; on CUDA replayed as a CUDA graph,
+    :mod:`trainer.training.steps.graphed`), loss smoothing included, no host read per step; the job's
+    numbers are read once per timed run, as the loop reads them every thousand steps or so."""
 
     def step(i: int) -> None:
-        job.step(i)
+        job.advance(i)
 
     return step
 
@@ -238,6 +240,11 @@ def measure_training(cfg: TrainConfig, settings: BenchSettings, device: torch.de
             _our_step(make_job(cfg, settings.train_rows, device, compile_step=True)),
             ours_threads,
         )
+    if device.type == "cuda":
+        # The same step without the CUDA graph: what the graph buys.
+        eager = make_job(cfg, settings.train_rows, device)
+        eager.cuda_graph = False
+        contenders["ours_eager"] = (_our_step(eager), ours_threads)
     # Only the step's matmuls: the floor for any implementation that keeps the maths (same threads).
     contenders["gemm_floor"] = (_gemm_floor(cfg, device), ours_threads)
     if device.type == "cpu" and torch.get_num_threads() > 1:

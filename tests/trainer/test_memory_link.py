@@ -244,7 +244,10 @@ def test_stop_after_rounds_ends_the_run_without_complete() -> None:
     assert (
         len(link.rounds) == link.complete_rounds == 2 and not link.completed and link.finish_timeout is None
     )
-    assert link.stop_polls == 11  # polled before iterations 1..10, then the 11th poll saw the Stop
+    # Polled before iterations 1..10; the round of iteration 10 goes out from the sender's thread while
+    # training goes on (trainer.session.sender), so the Stop it triggers is seen a poll or two later,
+    # and before the next sync (iteration 15): no round after it.
+    assert 11 <= link.stop_polls < 16
 
 
 def test_stop_before_the_first_sync_sends_nothing() -> None:

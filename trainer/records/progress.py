@@ -261,6 +261,11 @@ class ProgressReporter:
         """The run's record folder, shown by ``watch`` and found by ``report``."""
         self._set(run_dir=str(folder))
 
+    def line_due(self) -> bool:
+        """Whether the next :meth:`update` writes a line (a caller whose loss is still on the device reads
+        it then, and only then)."""
+        return time.perf_counter() - self._last >= (0.2 if self.tty else self.every_s)
+
     def update(self, iteration: int, loss: float, *, force: bool = False) -> None:
         """Called every iteration with the latest (smoothed) loss; cheap unless a line is due."""
         self._latest = (iteration, loss)

@@ -474,9 +474,20 @@ class RunLog:
         self._clock = self._started = time.perf_counter()
         self._last_iteration = first_iteration
 
-    def point(self, iteration: int, phase: str, loss: float, learning_rate: float, sync_rounds: int) -> None:
-        """One metrics point at ``iteration``; it/s over the iterations since the previous point."""
-        now = time.perf_counter()
+    def point(
+        self,
+        iteration: int,
+        phase: str,
+        loss: float,
+        learning_rate: float,
+        sync_rounds: int,
+        *,
+        when: float | None = None,
+    ) -> None:
+        """One metrics point at ``iteration``; it/s over the iterations since the previous point.
+        ``when``: the ``time.perf_counter()`` of that iteration, for a point written later (its loss was
+        read from the device with others, :mod:`trainer.session.points`); default now."""
+        now = time.perf_counter() if when is None else when
         elapsed = now - self._clock
         rate = (iteration - self._last_iteration) / elapsed if elapsed > 0 else 0.0
         self._clock, self._last_iteration = now, iteration

@@ -3,6 +3,13 @@ measurement to the run record, the trackers and the progress line, keep the best
 
 The measurements themselves (the split, the metrics, the evaluator) are :mod:`trainer.training.heldout`'s;
 this is what the story (:mod:`trainer.session.run`) does with them.
+
+A periodic measurement (tens of milliseconds) runs on a thread of its own so that training does not wait
+for it: :meth:`HeldOutRound.request` takes a copy of the networks between steps
+(:mod:`trainer.training.copies`) and queues it; the thread measures the copy (and exports it, in case it
+is the best); :meth:`HeldOutRound.collect`, on the training thread, writes each finished measurement in
+order. The numbers are those of the networks at the requested iteration, as when it measured in line.
+The last measurement (:meth:`HeldOutRound.at_end`) is taken in line, after the queued ones.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from trainer.session.background import CopyWorker
 from trainer.system.console import log
 
 if TYPE_CHECKING:
@@ -18,11 +26,20 @@ if TYPE_CHECKING:
     from protocol.nne.layers import Layer
     from trainer.records.progress import ProgressReporter
     from trainer.records.runrecord import RunLog
+    from trainer.training.copies import WeightsCopy
     from trainer.training.heldout import HeldOutMetrics
     from trainer.training.job import TrainingJob
+    from trainer.training.model import FlowModel
     from trainer.training.steps import Phase
 
 __all__ = ["HeldOutRound"]
+
+_Result = tuple["HeldOutMetrics", "dict[int, Layer]"]
+"""What the measuring thread returns: the metrics and the networks measured."""
+
+
+def _constant(layers: dict[int, Layer]) -> Callable[[], dict[int, Layer]]:
+    return lambda: layers
 
 
 class HeldOutRound:
@@ -43,6 +60,7 @@ class HeldOutRound:
         self.best_layers: dict[int, Layer] | None = None
         self.last: HeldOutMetrics | None = None
         self.sent_best = False
+        self._worker: CopyWorker[_Result] | None = None
 
     def due(self, iteration: int) -> bool:
         """A periodic measurement is due after ``iteration`` steps (the last one is :meth:`at_end`'s)."""
@@ -55,31 +73,78 @@ class HeldOutRound:
 
     def at_end(self, iteration: int, *, diverged: bool) -> None:
         """The last networks' numbers, whichever way the loop ended, unless it diverged (those weights are
-        not the ones sent) or this process trained no step."""
+        not the ones sent) or this process trained no step. Queued measurements are written first (after
+        a divergence only those up to ``iteration``, the last good one)."""
+        self.collect(wait=True, up_to=iteration)
+        self.close()
         if not diverged and iteration > self.job.start_iteration:
             self.measure(iteration)
         if self.evaluator is not None and self.last is not None:
             self.runlog.heldout_actions(self.evaluator.actions_record(self.last.iteration))
 
+    def request(self, iteration: int) -> None:
+        """Measure the networks of ``iteration`` on the measuring thread (module docstring); written by a
+        later :meth:`collect`. Takes a copy of the networks now, between steps: no host read."""
+        evaluator = self.evaluator
+        if evaluator is None:
+            return
+        from trainer.training.copies import ShadowModel, exported_layers, take_copy
+
+        if self._worker is None:
+
+            def job(model: FlowModel, weights: WeightsCopy) -> _Result:
+                return evaluator.evaluate(model, weights.iteration), exported_layers(model)
+
+            shadow = ShadowModel(self.job.model, self.job.device)
+            self._worker = CopyWorker("la-trainer-heldout", shadow, job)
+        self._worker.put(take_copy(self.job.model, iteration, self.job.phase))
+
+    def collect(self, *, wait: bool = False, up_to: int | None = None) -> None:
+        """Write the measurements the thread finished, in order (``wait``: after every queued one; ``up_to``:
+        drop those of later iterations). Cheap when there are none; raises what failed on the thread."""
+        worker = self._worker
+        if worker is None:
+            return
+        if wait:
+            worker.drain()
+        worker.check()
+        while worker.results:
+            weights, (metrics, layers) = worker.results.popleft()
+            if up_to is None or metrics.iteration <= up_to:
+                self._record(metrics, weights.phase, _constant(layers))
+
+    def close(self) -> None:
+        """End the measuring thread (after :meth:`collect` with ``wait``; queued copies are dropped)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
+
     def measure(self, iteration: int) -> HeldOutMetrics | None:
-        """Measure the networks of ``iteration`` (once per iteration); None when nothing is held out."""
+        """Measure the networks of ``iteration`` now, on this thread (once per iteration); None when
+        nothing is held out."""
         if self.evaluator is None:
             return None
         if self.last is not None and self.last.iteration == iteration:
             return self.last
         metrics = self.evaluator.evaluate(self.job.model, iteration)
-        if self.job.phase is not self.best_phase:
+        self._record(metrics, self.job.phase, self.job.export)  # the networks as they would be sent now
+        return metrics
+
+    def _record(
+        self, metrics: HeldOutMetrics, phase: Phase | None, layers: Callable[[], dict[int, Layer]]
+    ) -> None:
+        """Best (per phase), run record, trackers and the progress line's note for one measurement."""
+        if phase is not self.best_phase:
             # Distillation (ode_steps > 0) trains another objective for the few-step sampler: its networks
             # compete among themselves, never with the flow-matching ones before the boundary.
-            self.best, self.best_layers, self.best_phase = None, None, self.job.phase
+            self.best, self.best_layers, self.best_phase = None, None, phase
         improved = self.best is None or metrics.flow_loss < self.best.flow_loss
         if improved:
             self.best = metrics
-            self.best_layers = self.job.export()  # the networks as they would be sent now
+            self.best_layers = layers()
         self.last = metrics
-        self.runlog.heldout(iteration, metrics.record(), metrics.tracker_values(), best=improved)
+        self.runlog.heldout(metrics.iteration, metrics.record(), metrics.tracker_values(), best=improved)
         self.reporter.note = metrics.short()
-        return metrics
 
     def keep_best(self, encode: Callable[[dict[int, Layer]], dict[int, bytes]]) -> None:
         """Keep the best measurement's networks in the run record (``Networks/best``) when they are not

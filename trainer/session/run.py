@@ -33,7 +33,10 @@ from trainer.exitcodes import ExitCode
 from trainer.records.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase
 from trainer.records.runrecord import RunLog, run_name, task_name_of
 from trainer.records.trackers import TRACK_EVERY
+from trainer.session.background import CopyWorker
 from trainer.session.heldout import HeldOutRound
+from trainer.session.points import PendingPoints
+from trainer.session.sender import NetworkSender
 from trainer.session.snapshots import SnapshotWriter
 from trainer.session.transport.wait import StopRequested
 from trainer.settings.environment import ENV_ENGINE_TRAIN_PY, ENV_NPROC
@@ -53,7 +56,9 @@ from trainer.training.threads import (
 
 if TYPE_CHECKING:
     from trainer.session.links import TrainerLink
+    from trainer.training.copies import WeightsCopy
     from trainer.training.job import TrainingJob
+    from trainer.training.model import FlowModel
 
 __all__ = [
     "LoopEnd",
@@ -423,10 +428,66 @@ def _start_training(
     return _Run(link, reporter, runlog, options, config, received, job, device, tuner, sync, writer, heldout)
 
 
+@dataclass
+class _Behind:
+    """What runs behind the training loop on threads of its own, from copies of the weights: the sync
+    rounds (:class:`NetworkSender`, the newest copy wins) and the snapshot files (:class:`CopyWorker`,
+    every one written, in order). Errors there surface on the training thread (:meth:`check`)."""
+
+    sender: NetworkSender
+    snapshots: CopyWorker[list[Path]] | None
+
+    @classmethod
+    def start(cls, run: _Run, snapshot_every: int) -> _Behind:
+        from trainer.training.copies import ShadowModel, exported_layers
+
+        cpu = torch.device("cpu")
+        shadow = ShadowModel(run.job.model, cpu)  # the sender's own (export needs the host anyway)
+        sender = NetworkSender(
+            lambda weights: encode_networks(run.received, shadow.export(weights)), run.sync.send
+        )
+        writer = run.writer if snapshot_every > 0 else None
+        if writer is None:
+            return cls(sender, None)
+
+        def write(model: FlowModel, weights: WeightsCopy) -> list[Path]:
+            return writer.write(weights.iteration, encode_networks(run.received, exported_layers(model)))
+
+        return cls(sender, CopyWorker("la-trainer-snapshots", ShadowModel(run.job.model, cpu), write))
+
+    def check(self) -> None:
+        """Raise what failed behind the loop (cheap; every iteration)."""
+        self.sender.check()
+        if self.snapshots is not None:
+            self.snapshots.check()
+
+    def finish(self) -> None:
+        """The loop is done: the round in flight ends, queued snapshots are written; failures raised."""
+        self.sender.close()
+        self.sender.check()
+        if self.snapshots is not None:
+            self.snapshots.drain()
+            self.snapshots.check()
+
+    def close(self) -> None:
+        """Stop both threads (after whatever ended the loop). Idempotent."""
+        self.sender.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
+
+
 def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
     """Section 5: step, report, sync, snapshot until every iteration ran or something ends the loop; why it
-    ended and the iterations done."""
-    job, link, reporter, runlog, sync = run.job, run.link, run.reporter, run.runlog, run.sync
+    ended and the iterations done.
+
+    Nothing here waits for the device or the game (issue 32): a step leaves its loss on the device and
+    is read back only for a progress line or a batch of metrics points (:mod:`trainer.session.points`),
+    so a divergence is found at that read (the weights kept are those before the step that diverged);
+    sync rounds go out from the sender's thread (:mod:`trainer.session.sender`) and the held-out
+    measurement runs on its own (:mod:`trainer.session.heldout`), each from a copy of the weights."""
+    from trainer.training.copies import take_copy
+
+    job, link, reporter, sync = run.job, run.link, run.reporter, run.sync
     total = job.total_iterations
     every_iterations = run.options.sync_every_iterations
     every_seconds = run.options.sync_every_seconds
@@ -434,6 +495,8 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
     end = LoopEnd.DONE
     last_sync = time.monotonic()
     iteration = job.start_iteration
+    points = PendingPoints(run.runlog)
+    behind = _Behind.start(run, snapshot_every)
     try:
         while iteration < total:
             if link.stop_requested():
@@ -442,29 +505,38 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
             if interrupt is not None and interrupt.is_set():
                 end = LoopEnd.INTERRUPTED
                 break
+            behind.check()
+            run.heldout.collect()
             started = time.perf_counter()
-            loss = job.step(iteration)
+            job.advance(iteration)
             iteration += 1
             run.tuner.after_step(time.perf_counter() - started, iteration)
-            reporter.update(iteration, loss)
             if iteration % TRACK_EVERY == 0:
-                runlog.point(iteration, _phase_key(job), loss, _learning_rate(job), sync.rounds)
+                points.add(iteration, _phase_key(job), job.loss_probe(), _learning_rate(job), sync.rounds)
+            if reporter.line_due() or len(points) >= points.flush_every:
+                job.settle()  # the one host read: raises Diverged for a step that was skipped
+                points.flush()
+            reporter.syncs = sync.rounds
+            reporter.update(iteration, job.smoothed_loss)
             if run.heldout.due(iteration):
-                run.heldout.measure(iteration)
+                run.heldout.request(iteration)
             now = time.monotonic()
             due = (every_iterations > 0 and iteration % every_iterations == 0) or (
                 every_seconds > 0 and now - last_sync >= every_seconds
             )
             if due and iteration < total:
-                sync.send(encode_networks(run.received, job.export()))
-                reporter.syncs = sync.rounds
+                behind.sender.offer(take_copy(job.model, iteration, job.phase))
                 last_sync = now
-            if run.writer is not None and snapshot_every > 0 and iteration % snapshot_every == 0:
-                run.writer.write(iteration, encode_networks(run.received, job.export()))
+            if behind.snapshots is not None and iteration % snapshot_every == 0:
+                behind.snapshots.put(take_copy(job.model, iteration, job.phase))
             job.maybe_checkpoint(iteration)
+        job.settle()
+        behind.finish()
     except Diverged as error:
         log(f"la-trainer: {error}. Sending the last good weights.")
         end = LoopEnd.DIVERGED
+        if error.iteration is not None and job.start_iteration <= error.iteration < iteration:
+            iteration = error.iteration  # the weights kept are those after this many steps
     except StopRequested:
         # Stop arrived while a sync round waited on the game (spec §2.4: the engine does not wait for the
         # rest of the round): end as for a Stop seen between steps, keeping what was trained.
@@ -476,8 +548,13 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
         raise
 
     finally:
+        behind.close()
+        points.flush(up_to=iteration)
         if iteration % TRACK_EVERY and iteration > job.start_iteration:
-            runlog.point(iteration, _phase_key(job), job.smoothed_loss, _learning_rate(job), sync.rounds)
+            run.runlog.point(iteration, _phase_key(job), job.smoothed_loss, _learning_rate(job), sync.rounds)
+    if end is LoopEnd.DONE and behind.sender.stopped:
+        end = LoopEnd.STOPPED  # a Stop the sender saw while its round waited (spec §2.4)
+    reporter.syncs = sync.rounds
     return end, iteration
 
 

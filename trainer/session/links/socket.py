@@ -100,6 +100,9 @@ class SocketTrainerLink:
         self._conn: TcpConnection | None = None
         self._decoder = TrainerStreamDecoder()
         self._send_lock = threading.Lock()
+        # Training polls for Stop while the sync rounds go out from the sender's thread
+        # (trainer.session.sender), which reads too when a send fails: one reader at a time.
+        self._receive_lock = threading.Lock()
         self._config_message: ConfigMessage | None = None
         self._config: SessionConfig | None = None
         self._networks: dict[int, bytes] = {}
@@ -317,9 +320,10 @@ class SocketTrainerLink:
     def _stop_arrived(self, conn: TcpConnection) -> bool:
         """Whether a Stop is among the bytes received so far (read without blocking; never raises)."""
         try:
-            while not self._eof and conn.poll_readable(0.0):
-                self._receive_once(conn)
-            self._drain_events()
+            with self._receive_lock:
+                while not self._eof and conn.poll_readable(0.0):
+                    self._receive_once(conn)
+                self._drain_events()
         except (OSError, PeerGone, StreamError):
             pass
         return self._stop
@@ -359,9 +363,10 @@ class SocketTrainerLink:
         conn = self._conn
         if conn is None or self._closed:
             return False
-        while not self._eof and conn.poll_readable(0.0):
-            self._receive_once(conn)
-        self._drain_events()
+        with self._receive_lock:
+            while not self._eof and conn.poll_readable(0.0):
+                self._receive_once(conn)
+            self._drain_events()
         if self._stop:
             return True
         if self._eof:
