@@ -196,12 +196,17 @@ def engine_wait(
 
 
 def receive_round(
-    receive_network: Callable[[int], ReceivedNetwork | Completed], network_ids: Iterable[int]
+    receive_network: Callable[[int], ReceivedNetwork | Completed],
+    network_ids: Iterable[int],
+    late_s: float = 0.0,
 ) -> RoundResult:
     """One sync round: ``ReceiveNetwork(i)`` for each id in order (0..N−1), or Completed in place of
-    network 0 (§7.1); Completed in place of any other network is an error."""
+    network 0 (§7.1); Completed in place of any other network is an error. ``late_s``: the game takes
+    each network this long after it turned to it (a slow frame between the receives)."""
     got: list[ReceivedNetwork] = []
     for network_id in network_ids:
+        if late_s > 0:
+            time.sleep(late_s)
         answer = receive_network(network_id)
         if isinstance(answer, Completed):
             if network_id != 0:

@@ -93,6 +93,8 @@ class ShmGame:
         self.layout: ReplayLayout | None = None
         self.events: list[tuple[float, str]] = []
         """(monotonic time, what happened) for every engine step, for assertions and failure messages."""
+        self.take_late_s = 0.0
+        """Seconds the game takes each network late (a slow frame; :func:`emulator.game.common.receive_round`)."""
         self._note("controls initialised: all 0, NetworkId = ReplayBufferId = -1")
 
     # -- construction ------------------------------------------------------------------------------------
@@ -323,7 +325,9 @@ class ShmGame:
     def receive_round(self) -> RoundResult:
         """Networks 0..N−1 in order, or Completed in place of network 0 (§7.1)."""
         assert self.session is not None  # begin() first: a programming error in the test, not peer data
-        return receive_round(self.receive_network, sorted(net.id for net in self.session.model.networks))
+        return receive_round(
+            self.receive_network, sorted(net.id for net in self.session.model.networks), self.take_late_s
+        )
 
     # -- EndTraining / DoneTraining -----------------------------------------------------------------------
     def stop(self) -> None:

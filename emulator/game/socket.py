@@ -79,6 +79,8 @@ class SocketGame:
         self.peer_closed = False
         """The tick peek saw the trainer close the connection (the engine itself would wait forever)."""
         self.events: list[tuple[float, str]] = []
+        self.take_late_s = 0.0
+        """Seconds the game takes each network late (a slow frame; :func:`emulator.game.common.receive_round`)."""
         # Sends block at most the communicator timeout; receives poll first, so recv never blocks.
         sock.settimeout(timeout)
         with contextlib.suppress(OSError):
@@ -288,7 +290,7 @@ class SocketGame:
 
     def receive_round(self) -> RoundResult:
         """Networks 0..N−1 in order, or Completed in place of network 0 (§7.1)."""
-        return receive_round(self.receive_network, sorted(self.network_sizes))
+        return receive_round(self.receive_network, sorted(self.network_sizes), self.take_late_s)
 
     # -- EndTraining / DoneTraining -----------------------------------------------------------------------
     def stop(self) -> None:

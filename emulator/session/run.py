@@ -229,6 +229,7 @@ class _Session:
                 time.sleep(s.pause_after_round[1])
                 self._note("resumed")
 
+        game.take_late_s = s.take_late_s
         begin_training(game, config, snapshots, self.task.replay_buffer, after_network=network_sent)
         self._note("experience sent")
         ended = tick_until_end(

@@ -94,6 +94,9 @@ class SessionSettings:
     pause_after_round: tuple[int, float] | None = None
     """``(n, seconds)``: after round ``n`` arrived the game stops ticking for that long, as an editor paused
     at a breakpoint or in a level load does (spec §11 item 6): nothing is taken, sent or answered."""
+    take_late_s: float = 0.0
+    """The game takes each network of a round this many seconds late (a slow frame between its receives):
+    a trainer that sent its rounds itself would wait about this long per network."""
     log: bool = True
     """LogSettings Normal (``-l``); False passes the empty ``""`` item (§1.2)."""
     trainer_module: str = DEFAULT_TRAINER_MODULE

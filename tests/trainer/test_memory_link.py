@@ -241,13 +241,12 @@ def test_the_same_seed_sends_bitwise_the_same_networks() -> None:
 def test_stop_after_rounds_ends_the_run_without_complete() -> None:
     link = tiny_link(stop_after_rounds=2)
     assert run(link) == ExitCode.OK
-    assert (
-        len(link.rounds) == link.complete_rounds == 2 and not link.completed and link.finish_timeout is None
-    )
-    # Polled before iterations 1..10; the round of iteration 10 goes out from the sender's thread while
-    # training goes on (trainer.session.sender), so the Stop it triggers is seen a poll or two later,
-    # and before the next sync (iteration 15): no round after it.
-    assert 11 <= link.stop_polls < 16
+    assert not link.completed and link.finish_timeout is None
+    # Rounds go out from the sender's thread while training goes on (trainer.session.sender): the Stop
+    # the second round triggers is seen by the loop a poll or a few later, and the round offered at
+    # iteration 15 before the Stop came may have gone out too; every round is whole.
+    assert len(link.rounds) == link.complete_rounds in (2, 3)
+    assert 11 <= link.stop_polls < 20
 
 
 def test_stop_before_the_first_sync_sends_nothing() -> None:

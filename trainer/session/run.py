@@ -461,17 +461,25 @@ class _Behind:
         if self.snapshots is not None:
             self.snapshots.check()
 
-    def finish(self) -> None:
-        """The loop is done: the round in flight ends, queued snapshots are written; failures raised."""
-        self.sender.close()
+    def finish(self, end: LoopEnd) -> None:
+        """The loop is done: the round in flight ends (the copy offered last goes out only when every
+        iteration ran: after a Stop or a signal no round starts), queued snapshots are written; failures
+        raised."""
+        self.sender.close(drop=end is not LoopEnd.DONE)
         self.sender.check()
         if self.snapshots is not None:
             self.snapshots.drain()
             self.snapshots.check()
 
+    def round_failure(self) -> BaseException | None:
+        """After the loop saw the game gone: what the round in flight saw (it names the sync round, the
+        phase the game died in), once the sender ended; None when no round was going out."""
+        self.sender.close(drop=True)
+        return self.sender.take_error()
+
     def close(self) -> None:
         """Stop both threads (after whatever ended the loop). Idempotent."""
-        self.sender.close()
+        self.sender.close(drop=True)
         if self.snapshots is not None:
             self.snapshots.close()
 
@@ -531,7 +539,7 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
                 behind.snapshots.put(take_copy(job.model, iteration, job.phase))
             job.maybe_checkpoint(iteration)
         job.settle()
-        behind.finish()
+        behind.finish(end)
     except Diverged as error:
         log(f"la-trainer: {error}. Sending the last good weights.")
         end = LoopEnd.DIVERGED
@@ -541,10 +549,14 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
         # Stop arrived while a sync round waited on the game (spec §2.4: the engine does not wait for the
         # rest of the round): end as for a Stop seen between steps, keeping what was trained.
         end = LoopEnd.STOPPED
-    except (PeerGone, WaitTimeout):
+    except (PeerGone, WaitTimeout) as error:
         # The game went away mid-run: keep what was trained so `--resume` can continue it, then let the
-        # error name the phase and set the exit code as usual.
+        # error name the phase and set the exit code as usual (a round that was waiting on the game
+        # names it best: the sync round).
         job.maybe_checkpoint(iteration, force=True)
+        in_round = behind.round_failure()
+        if isinstance(in_round, (PeerGone, WaitTimeout)) and in_round is not error:
+            raise in_round from error
         raise
 
     finally:

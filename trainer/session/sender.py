@@ -18,9 +18,13 @@ Rules (the protocol's, and what keeps a round consistent):
   waiting copy up instead, so a game that keeps up gets every round, in order, as before.
 * **Versions count the rounds sent** (1, 2, 3, ...; the socket's NetworksVersion, §3): a dropped copy
   takes no number, so the game sees the same sequence as from a trainer that sends every round.
-* **The end is the story's**: :meth:`NetworkSender.close` drops the waiting copy and waits for the round in
-  flight (each of its waits bounded as every send's: Stop, the game's death and a signal's grace end it),
-  then the story sends the final round and Complete itself, in that order (§7.1, §2.4).
+* **The end is the story's**: :meth:`NetworkSender.close` lets the last copy go out as an offer would (or
+  drops it for a late game) and waits for the round in flight (each of its waits bounded as every send's:
+  Stop, the game's death and a signal's grace end it); then the story sends the final round and
+  Complete itself, in that order (§7.1, §2.4).
+* **Stop**: the loop sees it (its poll between steps, and the waits of a round in flight); no round starts
+  after that. A round offered before a Stop arrived may still start before the loop saw it, as a round
+  sent between a poll and a Stop did before: the engine reads nothing after its EndTraining (§2.4).
 * **Failures surface on the training thread**: the game going away or a timeout during a round is kept
   and raised by :meth:`NetworkSender.check`, which the loop calls every iteration; a Stop seen while
   the round waited ends the sender quietly (the link reports it to the loop as well).
@@ -69,6 +73,7 @@ class NetworkSender:
         self._sending_since: float | None = None
         """``time.monotonic()`` when the round in flight started waiting on the link (None: not there)."""
         self._closing = False
+        self._in_flight = False
         self._error: BaseException | None = None
         self.stopped = False
         """A Stop arrived while a round waited on the game (the round was not finished)."""
@@ -86,13 +91,7 @@ class NetworkSender:
     def offer(self, weights: WeightsCopy) -> None:
         """The networks of a new iteration: sent next, after the round in flight (module docstring)."""
         with self._cond:
-            while self._waiting is not None and not self._finished() and not self._late():
-                # The sender is busy with CPU work and will take the waiting copy within milliseconds;
-                # wake up when it does, or when the round in flight turns late.
-                remaining = None
-                if self._sending_since is not None:
-                    remaining = max(self.late_s - (time.monotonic() - self._sending_since), 0.0) + 1e-4
-                self._cond.wait(remaining)
+            self._wait_for_pickup()
             if self._finished():
                 return
             if self._waiting is not None:
@@ -100,18 +99,42 @@ class NetworkSender:
             self._waiting = weights
             self._cond.notify_all()
 
+    def _wait_for_pickup(self) -> None:
+        """(Lock held.) While a copy waits and the sender is only busy (CPU work, or a round that has
+        not waited on the game for :attr:`late_s` yet), wait for the sender to take it up."""
+        while self._waiting is not None and not self._finished() and not self._late():
+            remaining = None
+            if self._sending_since is not None:
+                remaining = max(self.late_s - (time.monotonic() - self._sending_since), 0.0) + 1e-4
+            self._cond.wait(remaining)
+
+    @property
+    def busy(self) -> bool:
+        """A copy is waiting or a round is in flight (and the thread still runs)."""
+        with self._cond:
+            return not self._finished() and (self._waiting is not None or self._in_flight)
+
     def check(self) -> None:
         """Raise, on the calling (training) thread, what ended the sender's thread: the game gone or a
         timeout during a round. Cheap; call it every iteration."""
-        error = self._error
+        error = self.take_error()
         if error is not None:
-            self._error = None
             raise error
 
-    def close(self) -> None:
-        """Drop the waiting copy and wait for the round in flight to end (bounded by the link's own
-        rules); the thread ends. Idempotent. A failure is kept for :meth:`check`."""
+    def take_error(self) -> BaseException | None:
+        """What ended the sender's thread, if anything (once)."""
+        error, self._error = self._error, None
+        return error
+
+    def close(self, *, drop: bool = False) -> None:
+        """Let the sender take up the waiting copy unless the game is late or ``drop`` (a Stop, a signal:
+        then it is dropped), and wait for the round in flight to end (bounded by the link's own rules);
+        the thread ends. Idempotent. A failure is kept for :meth:`check`."""
         with self._cond:
+            if not drop:
+                self._wait_for_pickup()  # a game that keeps up gets the copy offered last, as before
+            if self._waiting is not None:
+                self.dropped += 1
             self._closing = True
             self._waiting = None
             self._cond.notify_all()
@@ -142,6 +165,7 @@ class NetworkSender:
                 weights, self._waiting = self._waiting, None
                 if self._closing or weights is None:
                     return
+                self._in_flight = True
                 self._cond.notify_all()  # an offer waiting for the pick-up may go on
             try:
                 blobs = self._encode(weights)
@@ -155,9 +179,11 @@ class NetworkSender:
             except BaseException as error:  # PeerGone, WaitTimeout, Interrupted; a bug must not vanish
                 self._error = error
                 return
+            else:
+                self.sent += 1
+                self.sent_iterations.append(weights.iteration)
             finally:
                 with self._cond:
                     self._sending_since = None
+                    self._in_flight = False
                     self._cond.notify_all()
-            self.sent += 1
-            self.sent_iterations.append(weights.iteration)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -127,6 +128,10 @@ class ShmTrainerLink:
         self._config: SessionConfig | None = None
         self._stopped = False
         self._closed = False
+        # Sync rounds go out from the sender's thread (trainer.session.sender) while training polls for
+        # Stop: seeing (and clearing) a Stop and posting a network are one step each, never interleaved,
+        # so no network is posted after the Stop was taken.
+        self._controls_lock = threading.RLock()
         # One trainer per control block (trainer/system/lockfile.py); taken before the block is touched, so a
         # second trainer never clears a signal the first one is waiting on.
         self._lock = ControlBlockLock(self._guid_string)
@@ -416,8 +421,13 @@ class ShmTrainerLink:
             f"the game to take the previous network before network {network_id} (NetworkSignal back to 0)",
             interruptible=False,
         )
-        region.buf[:] = data
-        self._controls.post_network(network_id)
+        with self._controls_lock:
+            if self._stop_seen():
+                raise StopRequested(
+                    f"the game asked the trainer to stop while network {network_id} was waiting to go out"
+                )
+            region.buf[:] = data
+            self._controls.post_network(network_id)
 
     def send_complete(self) -> None:
         """CompleteSignal = 1, once the engine has taken the last network.
@@ -457,9 +467,10 @@ class ShmTrainerLink:
             return True
         if self._closed:
             return False
-        if self._controls.stop_requested():
-            self._controls.clear_stop()
-            self._stopped = True
+        with self._controls_lock:
+            if not self._stopped and self._controls.stop_requested():
+                self._controls.clear_stop()
+                self._stopped = True
         return self._stopped
 
     def ping(self) -> None:
