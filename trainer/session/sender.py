@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from trainer.session.transport.wait import StopRequested
+from trainer.session.transport.wait import StopRequested, background_waits
 
 if TYPE_CHECKING:
     from trainer.training.copies import WeightsCopy
@@ -172,7 +172,8 @@ class NetworkSender:
                 with self._cond:
                     self._sending_since = time.monotonic()
                     self._cond.notify_all()
-                self._send(blobs)
+                with background_waits():  # no spin: the training thread needs the cores
+                    self._send(blobs)
             except StopRequested:
                 self.stopped = True
                 return

@@ -81,6 +81,7 @@ class GraphedStep:
         self.launch(iteration)
         return self.read()
 
+    @torch.no_grad()
     def launch(self, iteration: int) -> None:
         fused = self.fused
         fused.prepare(iteration)
@@ -121,7 +122,9 @@ class GraphedStep:
             if why is not None:
                 raise RuntimeError(why)
             torch.cuda.synchronize(fused.device)
-            with torch.cuda.graph(graph):
+            # thread_local: the sender's and the held-out thread's own CUDA calls (their streams are not
+            # the capture's) must not invalidate it, nor be refused while it runs.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 fused.device_step()
         except Exception as error:  # capture raises many types (cudaErrorStreamCapture*, RuntimeError)
             self.eager = True
