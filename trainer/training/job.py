@@ -88,6 +88,11 @@ class TrainingJob:
     (:mod:`trainer.training.steps.graphed`); False: the eager fused step (the bench's comparison)."""
     unread: int = field(default=0, init=False)
     """Steps launched since the last :meth:`settle` (their numbers are still on the device)."""
+    _checked: tuple[TrainingStep | None, DeferredStep | None] = field(
+        default=(None, None), init=False, repr=False
+    )
+    """(step, the same step if it is a DeferredStep): ``isinstance`` on a runtime-checkable protocol costs
+    tens of microseconds, too much to ask every step."""
 
     @classmethod
     def create(
@@ -228,15 +233,16 @@ class TrainingJob:
             self.training_step = choose_step(phase, self._step_inputs(), iteration)
             if phase is Phase.DISTILLATION:
                 self.smoothed_loss = math.nan  # another loss: do not smooth across the boundary
-            elif isinstance(self.training_step, DeferredStep):
-                self.training_step.smooth_from(self.smoothed_loss)  # a resumed run's, or NaN
+            elif (deferred := self._deferred()) is not None:
+                deferred.smooth_from(self.smoothed_loss)  # a resumed run's, or NaN
             self.phase = phase
-        step = self.training_step
-        if isinstance(step, DeferredStep):
-            step.launch(iteration)
+        deferred = self._deferred()
+        if deferred is not None:
+            deferred.launch(iteration)
             self.unread += 1
             return
-        metrics = step.step(iteration)
+        assert self.training_step is not None
+        metrics = self.training_step.step(iteration)
         if math.isnan(self.smoothed_loss):
             self.smoothed_loss = metrics.loss
         else:
@@ -247,8 +253,8 @@ class TrainingJob:
         :attr:`smoothed_loss` is current afterwards. Raises :class:`trainer.errors.Diverged` when one of
         them was not finite; it was skipped on the device, and so was every step after it, so the weights
         are those of the iteration the error names (``Diverged.iteration``)."""
-        step = self.training_step
-        if self.unread == 0 or not isinstance(step, DeferredStep):
+        step = self._deferred()
+        if self.unread == 0 or step is None:
             return self.smoothed_loss
         self.unread = 0
         step.read()  # raises Diverged, leaving smoothed_loss at the last value read before it
@@ -258,10 +264,17 @@ class TrainingJob:
     def loss_probe(self) -> torch.Tensor | float:
         """The smoothed loss now without a host read: a 0-d device tensor while steps are unread (read it
         later, with others), else :attr:`smoothed_loss`."""
-        step = self.training_step
-        if self.unread and isinstance(step, DeferredStep):
+        step = self._deferred()
+        if self.unread and step is not None:
             return step.probe()
         return self.smoothed_loss
+
+    def _deferred(self) -> DeferredStep | None:
+        """The current step when it leaves its numbers on the device, else None (cached per step)."""
+        step = self.training_step
+        if step is not self._checked[0]:
+            self._checked = (step, step if isinstance(step, DeferredStep) else None)
+        return self._checked[1]
 
     def _step_inputs(self) -> StepInputs:
         training = self.config.trainer.training

@@ -51,10 +51,12 @@ T = TypeVar("T")
 SPIN_SECONDS = 0.002
 """How long a wait yields without sleeping before it sleeps ``poll_interval`` between polls (seconds)."""
 
-BACKGROUND_POLL_S = 0.005
+BACKGROUND_POLL_S = 0.001
 """Seconds between polls of a wait in the background (:func:`background_waits`): no spin, and a poll per
-5 ms instead of 0.5 ms. Nothing waits on such a wait but the game (training goes on beside it, on the
-same cores), and a game takes a network once per frame at best."""
+millisecond instead of per 0.5 ms, as the engine polls (spec §2.4). Training goes on beside such a wait on
+the same cores, so it must not spin; and once the game took network *i* of a round it blocks in
+ReceiveNetwork(*i + 1*) until the next is posted, so the poll must stay short: a slower one would stall
+the game's frame by up to its period, once per network."""
 
 _LOCAL = threading.local()
 

@@ -499,6 +499,10 @@ class FusedStep:
         self.model.forget_ema_updates(skipped if self._ema_weight is not None else 0)
         self._applied = int(applied)
         self._found_inf.zero_()
+        # The smoothed loss took the bad steps' losses: back to the last good value (a graph keeps
+        # smoothing from this buffer), or to none.
+        good_smoothed = self._smoothed_value * self._divisor
+        self._smoothed.fill_(good_smoothed if math.isfinite(good_smoothed) else 0.0)
         first = launched.nth(min(max(good, 0), len(launched) - 1)) if launched else -1
         late = f" (found on the device {skipped - 1} steps later)" if skipped > 1 else ""
         raise Diverged(
