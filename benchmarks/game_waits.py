@@ -104,26 +104,27 @@ def run_session(condition: str, trainer: str, script: Path, args: argparse.Names
 
 
 def _summary(rows: list[dict[str, Any]]) -> str:
+    """Per (trainer, condition): the median rate, and the median over repeats of the ratio to the same
+    trainer's fast-game session of that repeat (sessions a few minutes apart: a shared machine's load
+    drifts less between them than over the whole run)."""
     lines = [
-        "| trainer | game | sessions | it/s (median) | vs the same trainer, fast game | rounds the game took |",
-        "|---|---|---|---|---|---|",
+        "| trainer | game | sessions | it/s (median) | vs fast game (median of per-repeat ratios) | per-repeat ratios | rounds the game took |",
+        "|---|---|---|---|---|---|---|",
     ]
-    medians: dict[tuple[str, str], float] = {}
-    for row in rows:
-        key = (row["trainer"], row["condition"])
-        if row.get("it_per_s"):
-            medians.setdefault(key, 0.0)
-    for key in medians:
-        medians[key] = statistics.median(
-            r["it_per_s"] for r in rows if (r["trainer"], r["condition"]) == key and r.get("it_per_s")
-        )
-    for (trainer, condition), rate in sorted(medians.items()):
-        fast = medians.get((trainer, "fast"))
-        rounds = [r["rounds_taken"] for r in rows if (r["trainer"], r["condition"]) == (trainer, condition)]
-        sessions = len(rounds)
+    rate = {(r["trainer"], r["condition"], r["repeat"]): r["it_per_s"] for r in rows if r.get("it_per_s")}
+    keys = sorted({(r["trainer"], r["condition"]) for r in rows})
+    for trainer, condition in keys:
+        mine = [r for r in rows if (r["trainer"], r["condition"]) == (trainer, condition)]
+        rates = [r["it_per_s"] for r in mine if r.get("it_per_s")]
+        ratios = [
+            rate[(trainer, condition, r["repeat"])] / rate[(trainer, "fast", r["repeat"])]
+            for r in mine
+            if (trainer, condition, r["repeat"]) in rate and (trainer, "fast", r["repeat"]) in rate
+        ]
+        ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
         lines.append(
-            f"| {trainer} | {condition} | {sessions} | {rate:,.0f} | "
-            f"{(rate / fast if fast else float('nan')):.2f}x | {', '.join(map(str, rounds))} |"
+            f"| {trainer} | {condition} | {len(mine)} | {statistics.median(rates):,.0f} | {ratio} | "
+            f"{', '.join(f'{x:.2f}' for x in ratios)} | {', '.join(str(r['rounds_taken']) for r in mine)} |"
         )
     return "\n".join(lines)
 
@@ -163,8 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as out:
         for repeat in range(args.repeats):
-            for condition in conditions:
-                for trainer, script in trainers:
+            # Rotated each repeat: a machine whose load drifts during the run biases no condition.
+            shift = repeat % len(conditions)
+            for condition in conditions[shift:] + conditions[:shift]:
+                for trainer, script in trainers if repeat % 2 == 0 else trainers[::-1]:
                     row = run_session(condition, trainer, script, args) | {"repeat": repeat}
                     rows.append(row)
                     out.write(json.dumps(row) + "\n")

@@ -20,6 +20,16 @@ removes that overhead and nothing else:
   at once, measured slower: the strided halves cost more downstream than the second gather.)
 * **One EMA update.** The EMA copies of the parameters are views into one flat buffer too, so the
   EMA step is a single ``lerp_`` over it (the same per-element formula as the per-tensor one).
+* **No host read per step** (a :class:`~trainer.training.steps.base.DeferredStep`, issue 32): the
+  finiteness check runs on the device (``_amp_foreach_non_finite_check_and_unscale_`` at scale 1 over
+  the gradients and the loss, a sticky flag), the fused AdamW skips its update on that flag
+  (``found_inf``; the step count advances by its complement), the EMA's weight is masked to 0 by it, and
+  the loss is smoothed in a device buffer. :meth:`FusedStep.launch` takes a step, :meth:`FusedStep.read`
+  reads once (raising :class:`Diverged` for the first step skipped since the last read); on a CPU each
+  of these is bitwise the host version's (tests/trainer/test_host_reads.py, benchmarks/seeded_sessions.py).
+  With ``device_state`` the learning rates and the EMA weight are device tensors too, for a CUDA graph
+  (:mod:`trainer.training.steps.graphed`). Exact mode keeps the reference's host check (its AdamW has no
+  device-side skip).
 
 Random stream: unchanged. The generator is drawn in the reference order: batch rows (``randint``),
 ``x0`` (``randn``), ``t`` (:meth:`TimeDistribution.sample`), observation noise (magnitudes ``rand``,
