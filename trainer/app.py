@@ -269,6 +269,7 @@ def serve_sessions(
     task_dir_for: Callable[[int], Path | None],
     timeouts: Timeouts | None = None,
     say: Callable[[str], None] | None = None,
+    config_first: bool = False,
 ) -> int:
     """Serve one game session after another on one link (``la-trainer socket``, ``la-trainer shm --create
     --serve``): an editor restarted after a crash, or PIE started again, finds the trainer still there.
@@ -279,6 +280,8 @@ def serve_sessions(
     them (``next_session``). It ends on SIGINT/SIGTERM, with exit code 0 when the signal came while no
     game was there and the interrupted session's code (8) otherwise, or on an error that is not a
     session's (a bug: exit 1, the port lost: exit 2). The link (and what it created) is always closed.
+    ``config_first``: ``task_dir_for`` is called once the game's config is in (the socket server: a
+    connection that sends none makes no folder, issue 30); the wait for it is the session's, as above.
     """
     from protocol.errors import ProtocolError
 
@@ -295,9 +298,12 @@ def serve_sessions(
             with KeepAlive(link, timeouts.ping_interval):
                 from trainer.run import run_training
             while True:
-                task_dir = task_dir_for(session)
+                task_dir: Path | None = None
                 serving: ServingLink = link  # type: ignore[assignment]
                 try:
+                    if config_first:
+                        link.receive_config()  # kept by the link: run_training's call returns it
+                    task_dir = task_dir_for(session)
                     code = int(
                         run_training(
                             link, options=options, task_dir=task_dir, interrupt=flag, timeouts=timeouts
@@ -477,7 +483,8 @@ def engine_main(
             task_dir if task_dir is not None and task_dir.is_dir() else None,
             shared_dir=task_dir.parent if task_dir is not None else None,
         )
-        timeouts = Timeouts.from_env(options.wait)  # reads LA_TRAINER_TIMEOUT_SCALE: refused here too
+        # Reads LA_TRAINER_TIMEOUT_SCALE: refused here too.
+        timeouts = Timeouts.from_env(options.wait, config_wait=options.config_wait)
     except LaunchError as error:
         # Refused before the link opens (the game has sent nothing): the paragraph on stderr, which the
         # engine copies into its log, and in the status file for la-trainer watch.

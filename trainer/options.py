@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import LaunchError
-from trainer.timeouts import DEFAULT_WAIT_S
+from trainer.timeouts import DEFAULT_CONFIG_WAIT_S, DEFAULT_WAIT_S
 
 __all__ = [
     "ALIASES",
@@ -236,6 +236,12 @@ class TrainerOptions:
     """Bound of a wait that cannot see whether the game is alive: attach mode (``-c``), a socket listener
     nobody has connected to (0: wait forever). Waits on a game the trainer can see (spawned by it, a
     connected socket) have no bound (trainer.timeouts, docs/unreal-install.md "Waits")."""
+    config_wait: float = _option(
+        DEFAULT_CONFIG_WAIT_S, "a number of seconds >= 0 (0: no bound)", _at_least(0)
+    )
+    """Socket: bound from a connection's first byte to its complete config message; one that misses it is
+    closed while other connections are served (0: no bound). A connection that has sent nothing is not
+    timed (trainer.timeouts, trainer.links.socket)."""
     run_record: bool = _option(True, "true or false")
     """Keep a run folder ``<task_dir>/runs/<run name>`` with the effective options, the engine's settings,
     a metrics log and the final networks (:mod:`trainer.runrecord`)."""
