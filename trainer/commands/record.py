@@ -17,8 +17,9 @@ the same errors everywhere else.
 
 from __future__ import annotations
 
+import glob
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,14 @@ from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, defa
 from trainer.settings.options import check_command_value, load_options
 from trainer.system.atomic import atomic_write
 
-__all__ = ["RECORD_ITERATIONS", "RECORD_VALUES", "RecordBadData", "RecordUsageError", "record_command"]
+__all__ = [
+    "RECORD_ITERATIONS",
+    "RECORD_VALUES",
+    "RecordBadData",
+    "RecordUsageError",
+    "expand_record_paths",
+    "record_command",
+]
 
 RECORD_ITERATIONS = 20000
 """IterationNum of the generated trainer config unless ``--iterations`` says otherwise (the engine's
@@ -98,10 +106,38 @@ def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object
     return obs, act
 
 
+_WILDCARDS = frozenset("*?[")
+
+
+def expand_record_paths(arguments: Sequence[str]) -> list[Path]:
+    r"""The files the command line names, each wildcard pattern (``*``, ``?``, ``[...]``) expanded here in
+    sorted order: PowerShell and cmd.exe hand ``Saved\Recordings\*.record`` to the program as typed (a
+    POSIX shell expands it first, and passes it as typed when nothing matches). A name that exists is
+    taken as it is, wildcard characters and all (a file may be called ``take[1].record``).
+
+    Raises:
+        RecordUsageError: a name that does not exist, a folder, or a pattern that matches no file (exit 2).
+    """
+    found: list[Path] = []
+    for argument in arguments:
+        path = Path(argument)
+        if not path.exists() and _WILDCARDS & set(argument):
+            matches = sorted(Path(match) for match in glob.glob(argument, recursive=True))
+            files = [match for match in matches if match.is_file()]
+            if not files:
+                raise RecordUsageError(f"no file matches {argument}")
+            found.extend(files)
+        elif not path.exists():
+            raise RecordUsageError(f"{argument}: no such file")
+        elif path.is_dir():
+            raise RecordUsageError(f"{argument} is a folder: name its files ({path / '*.record'})")
+        else:
+            found.append(path)
+    return found
+
+
 @click.command("record", epilog=MORE_OPTIONS)
-@click.argument(
-    "records", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
-)
+@click.argument("records", nargs=-1, required=True, type=str)
 @click.option(
     "--schema",
     "schema_path",
@@ -128,7 +164,7 @@ def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object
 @click.option("--embed/--no-embed", default=True, show_default=True, help="EmbedNormalizationsInWeights.")
 @training_options
 def record_command(
-    records: tuple[Path, ...],
+    records: tuple[str, ...],
     schema_path: Path,
     out: Path,
     batch_size: int,
@@ -160,9 +196,10 @@ def record_command(
     for flag, value in own.items():
         expected, check = RECORD_VALUES[flag]
         check_command_value(flag, value, expected, check)
+    paths = expand_record_paths(records)
     obs_schema, act_schema = _load_schemas(schema_path)
     all_records: list[Record] = []
-    for path in records:
+    for path in paths:
         try:
             all_records.extend(read_records(path.read_bytes()))
         except OSError as error:

@@ -78,10 +78,11 @@ def find_status_files(path: Path) -> list[Path]:
 
 def _pid_alive(pid: int) -> bool:
     """True while the process ``pid`` runs on this machine (POSIX signal 0; on Windows a process handle,
-    never ``os.kill``, which would terminate it there)."""
-    from trainer.system.liveness import process_watch
+    never ``os.kill``, which would terminate it there). One look that closes its handle: ``watch`` asks
+    on every refresh, and the trainer may be younger than ``watch`` (issue 30)."""
+    from trainer.system.liveness import process_alive
 
-    return process_watch(pid)()
+    return process_alive(pid)
 
 
 def judge(

@@ -219,6 +219,7 @@ def serve_sessions(
     task_dir_for: Callable[[int], Path | None],
     timeouts: Timeouts | None = None,
     say: Callable[[str], None] | None = None,
+    config_first: bool = False,
 ) -> int:
     """Serve one game session after another on one link (``la-trainer socket``, ``la-trainer shm --create
     --serve``): an editor restarted after a crash, or PIE started again, finds the trainer still there.
@@ -229,6 +230,8 @@ def serve_sessions(
     them (``next_session``). It ends on SIGINT/SIGTERM, with exit code 0 when the signal came while no
     game was there and the interrupted session's code (8) otherwise, or on an error that is not a
     session's (a bug: exit 1, the port lost: exit 2). The link (and what it created) is always closed.
+    ``config_first``: ``task_dir_for`` is called once the game's config is in (the socket server: a
+    connection that sends none makes no folder, issue 30); the wait for it is the session's, as above.
     """
     timeouts = timeouts if timeouts is not None else Timeouts.from_env(options.wait)
     emit = say or log
@@ -243,9 +246,12 @@ def serve_sessions(
             with KeepAlive(link, timeouts.ping_interval):
                 from trainer.session.run import run_training
             while True:
-                task_dir = task_dir_for(session)
+                task_dir: Path | None = None
                 serving: ServingLink = link  # type: ignore[assignment]
                 try:
+                    if config_first:
+                        link.receive_config()  # kept by the link: run_training's call returns it
+                    task_dir = task_dir_for(session)
                     code = int(
                         run_training(
                             link, options=options, task_dir=task_dir, interrupt=flag, timeouts=timeouts

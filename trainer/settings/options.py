@@ -37,7 +37,7 @@ from typing import Any
 from trainer.errors import LaunchError
 from trainer.settings.environment import ENV_PREFIX, NOT_OPTIONS
 from trainer.settings.time_density import TimeDensity
-from trainer.settings.timeouts import DEFAULT_WAIT_S
+from trainer.settings.timeouts import DEFAULT_CONFIG_WAIT_S, DEFAULT_WAIT_S
 from trainer.system.console import warn as console_warn
 
 __all__ = [
@@ -196,6 +196,12 @@ class TrainerOptions:
     """Bound of a wait that cannot see whether the game is alive: attach mode (``-c``), a socket listener
     nobody has connected to (0: wait forever). Waits on a game the trainer can see (spawned by it, a
     connected socket) have no bound (trainer.settings.timeouts, docs/unreal-install.md "Waits")."""
+    config_wait: float = _option(
+        DEFAULT_CONFIG_WAIT_S, "a number of seconds >= 0 (0: no bound)", _at_least(0)
+    )
+    """Socket: bound from a connection's first byte to its complete config message; one that misses it is
+    closed while other connections are served (0: no bound). A connection that has sent nothing is not
+    timed (trainer.settings.timeouts, trainer.session.links.socket)."""
     run_record: bool = _option(True, "true or false")
     """Keep a run folder ``<task_dir>/runs/<run name>`` with the effective options, the engine's settings,
     a metrics log and the final networks (:mod:`trainer.records.runrecord`)."""
