@@ -17,6 +17,7 @@ __all__ = [
     "PeerGone",
     "ResumeRefused",
     "TrainerError",
+    "TrainingPeerLost",
     "Unsupported",
     "WaitTimeout",
     "exit_code_for",
@@ -69,6 +70,17 @@ class Diverged(TrainerError):
     """The loss became non-finite; the last good weights were kept."""
 
     exit_code = ExitCode.DIVERGED
+
+
+class TrainingPeerLost(Diverged):
+    """Another process training this job with us (a scale-out rank) failed or vanished.
+
+    A :class:`Diverged` so that the loop ends the same way (stop now, send the last good weights and
+    Complete, write the snapshot and checkpoint), but recorded as what it is: the weights are fine and
+    the learning rate is not to blame, so the run ends with ``PEER_GONE`` and its own phase
+    (:class:`trainer.distributed.errors.RankLost` is the one scale-out raises)."""
+
+    exit_code = ExitCode.PEER_GONE
 
 
 class ResumeRefused(TrainerError):

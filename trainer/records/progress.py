@@ -8,7 +8,7 @@ The status file (``<task_dir>/la-trainer-status.msgpack``, msgpack, replaced ato
 moment of a run:
 
 * the phase (:class:`RunPhase`), and once the run has ended, the final phase with the exit code
-  (complete and stopped: 0; interrupted: 8; diverged: 9; failed: the error's code);
+  (complete and stopped: 0; interrupted: 8; diverged: 9; rank lost: 5; failed: the error's code);
 * the last iteration, total, smoothed loss, it/s and ETA, kept through phase changes (a finished run shows
   where it finished, not ``0/3000 loss nan``);
 * the pid and host, so a watcher on the same machine can tell a killed trainer from a live one;
@@ -73,6 +73,8 @@ class RunPhase(str, Enum):
     """SIGINT/SIGTERM (exit 8); the state was saved."""
     DIVERGED = "diverged"
     """The loss became NaN/Inf (exit 9); the last good weights were sent."""
+    RANK_LOST = "rank lost"
+    """Scale-out: another training process failed or vanished (exit 5); the last good weights were sent."""
     FAILED = "failed"
     """Any other end; ``exit_code`` and ``message`` say which and why."""
     UNKNOWN = "unknown"
@@ -92,7 +94,14 @@ class RunPhase(str, Enum):
 
 
 _FINAL = frozenset(
-    {RunPhase.COMPLETE, RunPhase.STOPPED, RunPhase.INTERRUPTED, RunPhase.DIVERGED, RunPhase.FAILED}
+    {
+        RunPhase.COMPLETE,
+        RunPhase.STOPPED,
+        RunPhase.INTERRUPTED,
+        RunPhase.DIVERGED,
+        RunPhase.RANK_LOST,
+        RunPhase.FAILED,
+    }
 )
 
 
