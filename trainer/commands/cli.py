@@ -139,6 +139,16 @@ def _exit(code: int) -> None:
     sys.exit(int(code))
 
 
+def _check_device_before_listening(device: str) -> None:
+    """A trainer that waits for games (``socket``, ``shm``) refuses an explicit CUDA device this machine
+    lacks now, before it listens or prints the game's switches (exit 2): otherwise each game that
+    connected would be refused in turn while it waited. torch is imported only for such a device."""
+    if device == "cuda" or device.startswith("cuda:"):
+        from trainer.training.device import check_device_option
+
+        check_device_option(device)
+
+
 class _LazyGroup(click.Group):
     """Subcommands defined in other modules, imported only when used, so ``la-trainer --help`` stays
     fast (no torch or matplotlib import just to list commands). The game side's commands (``demo``,
@@ -298,6 +308,7 @@ def shm_command(
         shared_dir=task_dir.resolve().parent,  # the project-wide file (trainer.settings.options.load_options)
     )
     timeouts = Timeouts.from_env(options.wait)
+    _check_device_before_listening(options.device)
     if guid is None:
         if not create:
             raise click.UsageError("--guid is required unless --create makes a new control block.")
@@ -380,6 +391,7 @@ def socket_command(host: str, port: int, temp_dir: Path, serve: bool, **kwargs: 
         None, training_overrides(kwargs), shared_dir=temp_dir if temp_dir.is_dir() else None
     )
     timeouts = Timeouts.from_env(options.wait)
+    _check_device_before_listening(options.device)
     task_dir = new_task_folder(check_output_folder(temp_dir, "--temp-dir"), "External")
     click.echo(f"Run folder: {task_dir}")
     click.echo("Start the game with these command-line switches:")
