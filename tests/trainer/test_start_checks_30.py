@@ -20,8 +20,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from emulator.session import EngineTask, SessionSettings, build_session_config
+from protocol.snapshot import read_snapshot
+from tests.support.recordings import make_record, record_files
 from trainer.commands.cli import main
+from trainer.errors import BadData
 from trainer.exitcodes import ExitCode
+from trainer.settings.options import MAX_THREADS, OptionError, TrainerOptions, load_options
+from trainer.training.job import TrainingJob
 
 
 def _no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,3 +67,50 @@ def test_a_server_with_a_missing_cuda_device_is_refused_before_it_listens(
     assert "Start the game" not in result.output  # no switches for a game this trainer would refuse
     assert not opened
     assert not list(runs.glob("External*")) if runs.exists() else True
+
+
+# -- bounds ------------------------------------------------------------------------------------------------
+
+
+def test_threads_beyond_the_bound_are_refused_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _never_listen(monkeypatch)
+    server = ["socket", "--once", "--port", "48999", "--temp-dir", str(tmp_path), "--wait", "1"]
+    result = CliRunner().invoke(main, [*server, "--threads", "100000"])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert f">= 0 and at most {MAX_THREADS}" in result.output and "OpenMP" in result.output
+    assert "Traceback" not in result.output
+    monkeypatch.setenv("LA_TRAINER_THREADS", str(MAX_THREADS + 1))
+    with pytest.raises(OptionError, match="LA_TRAINER_THREADS"):
+        load_options(None, {})
+    monkeypatch.setenv("LA_TRAINER_THREADS", str(MAX_THREADS))
+    assert load_options(None, {}).threads == MAX_THREADS
+
+
+def test_record_batch_size_beyond_the_bound_is_refused_before_any_file(tmp_path: Path) -> None:
+    record_file, schema_file = record_files(tmp_path, [make_record(20)])
+    out = tmp_path / "out"
+    args = ["record", str(record_file), "--schema", str(schema_file), "--out", str(out)]
+    result = CliRunner().invoke(main, [*args, "--batch-size", "100000000"])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "--batch-size" in result.output and "from 1 to 1048576" in result.output
+    assert "memory" in result.output and "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_a_batch_that_cannot_fit_in_memory_is_refused_before_anything_is_allocated() -> None:
+    task = EngineTask.benchmark("bimodal", size=64, seed=0)
+    config, blobs = build_session_config(task, SessionSettings(batch_size=2**31 - 1), None)
+    received = {nid: read_snapshot(blob) for nid, blob in enumerate(blobs)}
+    with pytest.raises(BadData) as refused:
+        TrainingJob.create(
+            config,
+            received,
+            task.replay_buffer,
+            options=TrainerOptions(threads=1),
+            device=torch.device("cpu"),
+        )
+    text = str(refused.value)
+    assert "BatchSize 2147483647 does not fit in memory" in text and "Lower BatchSize" in text
+    assert refused.value.exit_code == ExitCode.BAD_DATA

@@ -45,15 +45,32 @@ from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, defa
 from trainer.settings.options import check_command_value, load_options
 from trainer.system.atomic import atomic_write
 
-__all__ = ["RECORD_ITERATIONS", "RECORD_VALUES", "RecordBadData", "RecordUsageError", "record_command"]
+__all__ = [
+    "RECORD_ITERATIONS",
+    "RECORD_MAX_BATCH",
+    "RECORD_VALUES",
+    "RecordBadData",
+    "RecordUsageError",
+    "record_command",
+]
 
 RECORD_ITERATIONS = 20000
 """IterationNum of the generated trainer config unless ``--iterations`` says otherwise (the engine's
 default of 1,000,000 is meant for a game that keeps running; 20k trains the demo tasks well)."""
 
 
+RECORD_MAX_BATCH = 1 << 20
+"""Largest ``--batch-size`` (1,048,576 rows): every row of a step holds a HiddenLayerSize-wide activation
+per layer and its gradient, so 100,000,000 rows of 128 units need over 100 GB for one step (it ended in an
+out-of-memory traceback), and a batch past a million rows trains no better than a smaller one."""
+
 RECORD_VALUES: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "--batch-size": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+    "--batch-size": (
+        f"a whole number from 1 to {RECORD_MAX_BATCH} (the rows of one training step; each holds every "
+        "layer's activations, so a larger batch needs more memory than a machine has; the engine's "
+        "default is 256)",
+        lambda v: 1 <= v <= RECORD_MAX_BATCH,
+    ),
     "--learning-rate": ("a finite number > 0", lambda v: v > 0),
     "--seed": (f"a whole number from {INT32_MIN} to {INT32_MAX}", lambda v: INT32_MIN <= v <= INT32_MAX),
     "--hidden-layers": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
@@ -116,7 +133,7 @@ def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object
     show_default=True,
     help="Folder for the TrainingMaterials export and the trained networks (in a new Offline<N> folder).",
 )
-@click.option("--batch-size", type=int, default=256, show_default=True, help="BatchSize.")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="BatchSize (1 to 1048576).")
 @click.option("--learning-rate", type=float, default=1e-4, show_default=True, help="LearningRate (> 0).")
 @click.option("--seed", type=int, default=1234, show_default=True, help="Seed (a 32-bit integer).")
 @click.option(
