@@ -27,6 +27,7 @@ from trainer.commands.cli import main
 from trainer.errors import BadData
 from trainer.exitcodes import ExitCode
 from trainer.settings.options import MAX_THREADS, OptionError, TrainerOptions, load_options
+from trainer.system.lockfile import OUTPUT_LOCK_NAME, OutputFolderLock
 from trainer.training.job import TrainingJob
 
 
@@ -114,3 +115,32 @@ def test_a_batch_that_cannot_fit_in_memory_is_refused_before_anything_is_allocat
     text = str(refused.value)
     assert "BatchSize 2147483647 does not fit in memory" in text and "Lower BatchSize" in text
     assert refused.value.exit_code == ExitCode.BAD_DATA
+
+
+# -- one run per output folder -----------------------------------------------------------------------------
+
+
+def test_a_second_run_into_the_same_out_folder_is_refused_while_the_first_trains(tmp_path: Path) -> None:
+    record_file, schema_file = record_files(tmp_path, [make_record(20)])
+    out = tmp_path / "out"
+    args = ["record", str(record_file), "--schema", str(schema_file), "--out", str(out)]
+    quick = ["--iterations", "2", "--threads", "1"]
+    first = CliRunner().invoke(main, [*args, *quick, "--hidden-size", "8"])
+    assert first.exit_code == 0, first.output
+    assert not (out / OUTPUT_LOCK_NAME).exists(), "a finished run left its lock file"
+    export = out / "TrainingMaterials"
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    # A first run still training into each folder (an OS lock belongs to its open file, so this process
+    # holding one refuses a second open of it, as another process would).
+    with OutputFolderLock(trained):
+        offline = CliRunner().invoke(main, ["offline", str(export), "--out", str(trained), *quick])
+    with OutputFolderLock(out):
+        record = CliRunner().invoke(main, [*args, *quick])
+    for result, folder in ((offline, trained), (record, out)):
+        assert result.exit_code == ExitCode.USAGE, result.output
+        assert f"is training into {str(folder)!r} (--out)" in result.output
+        assert "choose another folder with --out" in result.output
+    assert not (trained / "Networks").exists()  # the refused run wrote nothing
+    after = CliRunner().invoke(main, ["offline", str(export), "--out", str(trained), *quick])
+    assert after.exit_code == 0, after.output  # released: the folder is free again

@@ -457,6 +457,7 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
     from trainer.session.transport.files import find_training_materials
     from trainer.settings.options import SETTINGS_FILE_NAME, load_options
+    from trainer.system.lockfile import OutputFolderLock
 
     overrides = training_overrides(kwargs)
     # The values first (a typo must not wait for the folder checks), then with the settings files: the
@@ -480,8 +481,10 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
         out = new_task_folder(check_output_folder(project, "--out"), OFFLINE_TASK_NAME)
     link = FileTrainerLink(folder, output_dir=out)  # refuses an export as the output folder
     check_output_folder(out, "--out")
-    click.echo(f"la-trainer: training from {folder}; outputs in {out}")
-    _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
+    # One run per output folder: a second run into it is refused while this one trains (exit 2).
+    with OutputFolderLock(out):
+        click.echo(f"la-trainer: training from {folder}; outputs in {out}")
+        _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
 
 
 @main.command("watch")

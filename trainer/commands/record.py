@@ -44,6 +44,7 @@ from trainer.session.app import run_with_link
 from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
 from trainer.settings.options import check_command_value, load_options
 from trainer.system.atomic import atomic_write
+from trainer.system.lockfile import OutputFolderLock
 
 __all__ = [
     "RECORD_ITERATIONS",
@@ -221,15 +222,20 @@ def record_command(
             f"cannot build the engine's networks and configs for this schema: {error}"
         ) from None
     check_output_folder(out, "--out")  # after the inputs: a refused input leaves no folder behind
-    folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
-    for relative, data in files.items():
-        target = folder / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, data)
-    click.echo(f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}")
-    # The settings files as in every mode (trainer.settings.options.load_options): --out is the project folder.
-    options = load_options(None, overrides, warn=lambda _: None, shared_dir=out)  # warned once already
-    output = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
-    link = FileTrainerLink(folder, output_dir=output)
-    click.echo(f"la-trainer: training; outputs in {output}")
-    sys.exit(run_with_link(lambda flag: link, options=options, task_dir=output))
+    # One run per output folder: a second record --out into it is refused while this one trains (exit 2).
+    with OutputFolderLock(out):
+        folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
+        for relative, data in files.items():
+            target = folder / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, data)
+        click.echo(
+            f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}"
+        )
+        # The settings files as in every mode (trainer.settings.options.load_options): --out is the
+        # project folder.
+        options = load_options(None, overrides, warn=lambda _: None, shared_dir=out)  # warned once already
+        output = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
+        link = FileTrainerLink(folder, output_dir=output)
+        click.echo(f"la-trainer: training; outputs in {output}")
+        sys.exit(run_with_link(lambda flag: link, options=options, task_dir=output))
