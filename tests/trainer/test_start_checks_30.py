@@ -16,11 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 
 from emulator.session import EngineTask, SessionSettings, build_session_config
+from protocol.record import read_records, write_records
 from protocol.snapshot import read_snapshot
 from tests.support.recordings import make_record, record_files
 from trainer.commands.cli import main
@@ -144,3 +146,25 @@ def test_a_second_run_into_the_same_out_folder_is_refused_while_the_first_trains
     assert not (trained / "Networks").exists()  # the refused run wrote nothing
     after = CliRunner().invoke(main, ["offline", str(export), "--out", str(trained), *quick])
     assert after.exit_code == 0, after.output  # released: the folder is free again
+
+
+# -- a record with a flipped byte -------------------------------------------------------------------------
+
+
+def test_a_record_with_a_flipped_byte_warns_naming_the_column_and_the_range(tmp_path: Path) -> None:
+    records = [make_record(30, seed=1), make_record(30, seed=2)]
+    data = bytearray(write_records(records))
+    target = records[1].observations[7, 2]
+    at = bytes(data).index(records[1].observations.tobytes()) + (7 * 3 + 2) * 4
+    data[at + 3] = 0x76  # the sign and high exponent bits of one float32: about 1e33, still finite
+    flipped = read_records(bytes(data))[1].observations[7, 2]
+    assert np.isfinite(flipped) and abs(flipped) > 1e30 and flipped != target
+    record_file, schema_file = record_files(tmp_path, records)
+    record_file.write_bytes(bytes(data))
+    args = ["record", str(record_file), "--schema", str(schema_file), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, [*args, "--iterations", "2", "--threads", "1", "--hidden-size", "8"])
+    assert "Traceback" not in result.output
+    warning = next(line for line in result.output.splitlines() if "observation column 2" in line)
+    assert f"to {flipped:.4g}" in warning or f"from {flipped:.4g}" in warning, warning
+    assert "demo.record record 1" in warning and "flipped bytes" in warning
+    assert "action column" not in result.output  # only the damaged column is named

@@ -18,12 +18,13 @@ the same errors everywhere else.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from protocol.config import (
     ACTIVATION_FUNCTIONS,
@@ -44,14 +45,17 @@ from trainer.session.app import run_with_link
 from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
 from trainer.settings.options import check_command_value, load_options
 from trainer.system.atomic import atomic_write
+from trainer.system.console import warn
 from trainer.system.lockfile import OutputFolderLock
 
 __all__ = [
+    "EXTREME_VALUE",
     "RECORD_ITERATIONS",
     "RECORD_MAX_BATCH",
     "RECORD_VALUES",
     "RecordBadData",
     "RecordUsageError",
+    "extreme_columns",
     "record_command",
 ]
 
@@ -81,6 +85,41 @@ RECORD_VALUES: dict[str, tuple[str, Callable[[Any], bool]]] = {
 """What the generated configs may hold (the engine's own ranges, protocol.config), checked by
 :func:`trainer.settings.options.check_command_value` before any file is read: a value the config reader would
 refuse later would be blamed on the generated export, a file the user never wrote."""
+
+
+EXTREME_VALUE = 1e6
+"""A recorded value beyond +-this is reported (:func:`extreme_columns`): a game's observations and actions
+are scaled to about +-10 (the engine's observation scales), and a flipped byte in a float's exponent makes
+values of 1e33 that would decide the run's standardisation on their own."""
+
+_SHOWN_COLUMNS = 5
+"""Columns named one by one in the warning; more are counted."""
+
+
+def extreme_columns(records: Sequence[Record], origins: Sequence[str]) -> list[str]:
+    """One warning line per observation or action column with a finite value beyond +-:data:`EXTREME_VALUE`:
+    the column, its range over every record, and the record (``origins[i]`` names ``records[i]``) that
+    holds the largest. Non-finite values are left to the data check that refuses them (exit 6)."""
+    found: list[str] = []
+    for kind in ("observation", "action"):
+        tables = [record.observations if kind == "observation" else record.actions for record in records]
+        width = tables[0].shape[1] if tables else 0
+        for column in range(width):
+            values = [table[:, column][np.isfinite(table[:, column])] for table in tables]
+            peaks = [float(np.abs(part).max()) if part.size else 0.0 for part in values]
+            worst = int(np.argmax(peaks))
+            if peaks[worst] <= EXTREME_VALUE:
+                continue
+            every = np.concatenate(values)
+            found.append(
+                f"{kind} column {column} of the records ranges from {every.min():.4g} to {every.max():.4g} "
+                f"(largest magnitude in {origins[worst]}); values beyond +-{EXTREME_VALUE:g} are not what a game "
+                "records and will dominate the training: a damaged file (flipped bytes) looks like this. "
+                "Check or leave out that record."
+            )
+    if len(found) > _SHOWN_COLUMNS:
+        found = [*found[:_SHOWN_COLUMNS], f"and {len(found) - _SHOWN_COLUMNS} more columns like these."]
+    return found
 
 
 class RecordUsageError(click.ClickException):
@@ -180,19 +219,24 @@ def record_command(
         check_command_value(flag, value, expected, check)
     obs_schema, act_schema = _load_schemas(schema_path)
     all_records: list[Record] = []
+    origins: list[str] = []
     for path in records:
         try:
-            all_records.extend(read_records(path.read_bytes()))
+            read = read_records(path.read_bytes())
         except OSError as error:
             raise RecordUsageError(f"{path}: {error}") from None
         except ProtocolError as error:
             raise RecordBadData(f"{path}: {error}") from None
+        all_records.extend(read)
+        origins.extend(f"{path.name} record {index}" for index in range(len(read)))
     if not all_records:
         raise RecordBadData("the .record files hold no records: nothing to train on")
     try:
         replay = records_to_replay_buffer(all_records)
     except ProtocolError as error:
         raise RecordBadData(f"records do not fit together: {error}") from None
+    for line in extreme_columns(all_records, origins):
+        warn(line)
     now = datetime.now()
     trainer = TrainerConfig(
         time_stamp=format_time_stamp(now),
