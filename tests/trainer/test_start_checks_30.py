@@ -13,6 +13,7 @@ torch's view of CUDA is replaced (as in test_options_device.py), so the facts ho
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ from emulator.session import EngineTask, SessionSettings, build_session_config
 from protocol.record import read_records, write_records
 from protocol.snapshot import read_snapshot
 from tests.support.recordings import make_record, record_files
+from trainer.commands import report
 from trainer.commands.cli import main
 from trainer.errors import BadData
 from trainer.exitcodes import ExitCode
+from trainer.records.runrecord import METRICS_FILE, RUN_FILE
 from trainer.settings.options import MAX_THREADS, OptionError, TrainerOptions, load_options
 from trainer.system.lockfile import OUTPUT_LOCK_NAME, OutputFolderLock
 from trainer.training.job import TrainingJob
@@ -168,3 +171,21 @@ def test_a_record_with_a_flipped_byte_warns_naming_the_column_and_the_range(tmp_
     assert f"to {flipped:.4g}" in warning or f"from {flipped:.4g}" in warning, warning
     assert "demo.record record 1" in warning and "flipped bytes" in warning
     assert "action column" not in result.output  # only the damaged column is named
+
+
+# -- report on a metrics log that is not UTF-8 ------------------------------------------------------------
+
+
+def test_report_on_a_metrics_log_that_is_not_utf8_reports_what_it_can(tmp_path: Path) -> None:
+    folder = tmp_path / "Training0" / "runs" / "Training_FlowMatching_Memory_x"
+    folder.mkdir(parents=True)
+    (folder / RUN_FILE).write_text("{}")
+    good = {"iteration": 100, "phase": "flow_matching", "loss": 1.5, "iterations_per_second": 900.0}
+    later = {**good, "iteration": 200, "loss": 0.5}
+    damaged = json.dumps(good).encode() + b"\n\xff\xfe\x00garbage\x80\n" + json.dumps(later).encode() + b"\n"
+    (folder / METRICS_FILE).write_bytes(damaged)
+    result = CliRunner().invoke(report.report_command, [str(tmp_path), "--out", str(tmp_path / "loss.png")])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output and "UnicodeDecodeError" not in result.output
+    assert "2 points, iterations 100 to 200" in result.output
+    assert "1 line(s) of" in result.output and "first: line 2" in result.output

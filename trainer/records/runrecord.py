@@ -392,20 +392,25 @@ class RunRecord:
             self._warn(f"warning: the run record in {self.folder} stopped: {error}; training goes on.")
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(path: Path, *, unreadable: list[int] | None = None) -> list[dict[str, Any]]:
     """The points of a ``metrics.jsonl`` (a run folder or the file itself); a torn last line (a killed
-    run) is skipped.
+    run) is skipped, and so is any line that is not JSON: bytes that are not UTF-8 (a damaged file, a
+    full disk's torn write) are read as U+FFFD, so they spoil their line only. ``unreadable`` collects
+    the 1-based numbers of the damaged lines skipped (not a torn last line).
 
     Raises:
         FileNotFoundError: no metrics log there.
     """
     file = path / METRICS_FILE if path.is_dir() else path
     points = []
-    with file.open(encoding="utf-8") as handle:
-        for line in handle:
+    with file.open(encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
             try:
                 point = json.loads(line)
             except ValueError:
+                # A killed run's torn last line (no newline) is expected; anything else is damage.
+                if unreadable is not None and line.strip() and (line.endswith("\n") or "\ufffd" in line):
+                    unreadable.append(number)
                 continue
             if isinstance(point, dict) and isinstance(point.get("iteration"), int):
                 points.append(point)
