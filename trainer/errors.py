@@ -13,6 +13,7 @@ __all__ = [
     "BadData",
     "Diverged",
     "Interrupted",
+    "InterruptedAgain",
     "LaunchError",
     "PeerGone",
     "ResumeRefused",
@@ -66,6 +67,16 @@ class Interrupted(TrainerError):
     exit_code = ExitCode.INTERRUPTED
 
 
+class InterruptedAgain(KeyboardInterrupt):
+    """A repeated Ctrl-C stopped the trainer at once (:class:`trainer.session.app.InterruptFlag`); ``saved``:
+    its final state had been saved by then (exit 8), else exit 13 (NOT_SAVED). A KeyboardInterrupt so that
+    no ``except Exception`` on its way catches it."""
+
+    def __init__(self, *, saved: bool) -> None:
+        super().__init__("saved" if saved else "not saved")
+        self.saved = saved
+
+
 class Diverged(TrainerError):
     """The loss became non-finite; the last good weights were kept."""
 
@@ -98,6 +109,8 @@ def exit_code_for(error: BaseException) -> ExitCode:
         return ExitCode.BAD_DATA
     if isinstance(error, ProtocolError):
         return ExitCode.PROTOCOL
+    if isinstance(error, InterruptedAgain) and not error.saved:
+        return ExitCode.NOT_SAVED
     if isinstance(error, KeyboardInterrupt):
         return ExitCode.INTERRUPTED
     return ExitCode.INTERNAL

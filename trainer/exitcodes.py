@@ -41,3 +41,6 @@ class ExitCode(IntEnum):
     frozen, or gone on another machine)."""
     RUN_DEAD = 12
     """``la-trainer watch``: the trainer process is gone without having recorded an end (killed)."""
+    NOT_SAVED = 13
+    """A third Ctrl-C (SIGINT) stopped the trainer before its final save had ended: the newest checkpoint
+    is an earlier one, or there is none. (A second Ctrl-C waits for the save, and exits 8.)"""

@@ -549,13 +549,16 @@ class RunLog:
             self.trackers.close()
 
     def abort(self, error: BaseException) -> None:
-        """The run ends with ``error``: record it as failed with its documented exit code."""
+        """The run ends with ``error``: record it as failed with its documented exit code (as interrupted
+        for a repeated Ctrl-C after the state was saved, exit code 8)."""
         from trainer.errors import exit_code_for
+        from trainer.exitcodes import ExitCode
 
         last = self._last_point
+        code = exit_code_for(error)
         self.finish(
-            phase="failed",
-            exit_code=int(exit_code_for(error)),
+            phase="interrupted" if code is ExitCode.INTERRUPTED else "failed",
+            exit_code=int(code),
             iteration=last.iteration if last is not None else self._last_iteration,
             loss=last.loss if last is not None else math.nan,
         )

@@ -292,7 +292,7 @@ def _story(
     # 5. Train: step, report, sync, snapshot; stop when asked.
     end, iteration = _train(run, interrupt)
     # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
-    return _finish(run, end, iteration, timeouts)
+    return _finish(run, end, iteration, timeouts, interrupt)
 
 
 def _receive_config(link: TrainerLink, reporter: ProgressReporter) -> SessionConfig:
@@ -488,7 +488,9 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
     return end, iteration
 
 
-def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> ExitCode:
+def _finish(
+    run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts, interrupt: InterruptLike | None = None
+) -> ExitCode:
     """Section 6: the final networks (the held-out best with ``heldout_send_best``), their snapshot and
     checkpoint, then, unless the game asked to stop, the last sync round and Complete (spec §7.2 step 5)
     and the wait for the engine to take them."""
@@ -504,6 +506,7 @@ def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> Exit
         if writer is not None:
             writer.write(iteration, final)
         job.maybe_checkpoint(iteration, force=True)
+        _save_ended(interrupt, saved=True)
         _record_end(run, end, iteration, kept)
         reporter.finish(
             end.phase, end.exit_code, f"la-trainer: stopped at iteration {iteration}: {end.value}."
@@ -515,6 +518,7 @@ def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> Exit
         if writer is not None:
             writer.write(iteration, final)
         job.maybe_checkpoint(iteration, force=True)
+    _save_ended(interrupt, saved=True)
     run.sync.send(final)
     run.link.send_complete()
     reporter.syncs = run.sync.rounds
@@ -524,6 +528,15 @@ def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> Exit
     reporter.finish(end.phase, end.exit_code, f"la-trainer: {ending} after {iteration} iterations{rounds}.")
     run.link.finish(timeouts.wait)  # offline: names the network files it wrote
     return end.exit_code
+
+
+def _save_ended(interrupt: InterruptLike | None, *, saved: bool) -> None:
+    """Tell the process's signal handling that the final save is over (``saved``: the state is on disk):
+    a second Ctrl-C that waited for it stops the trainer now (:meth:`trainer.session.app.InterruptFlag.
+    save_ended`; other interrupt flags, scale-out's, have no such wait)."""
+    ended = getattr(interrupt, "save_ended", None)
+    if ended is not None:
+        ended(saved)
 
 
 def _record_end(run: _Run, end: LoopEnd, iteration: int, kept: list[Path]) -> None:
