@@ -506,7 +506,7 @@ def _finish(
         if writer is not None:
             writer.write(iteration, final)
         job.maybe_checkpoint(iteration, force=True)
-        _save_ended(interrupt, saved=True)
+        _save_ended(interrupt, saved=not job.checkpoint_failed)
         _record_end(run, end, iteration, kept)
         reporter.finish(
             end.phase, end.exit_code, f"la-trainer: stopped at iteration {iteration}: {end.value}."
@@ -518,7 +518,7 @@ def _finish(
         if writer is not None:
             writer.write(iteration, final)
         job.maybe_checkpoint(iteration, force=True)
-    _save_ended(interrupt, saved=True)
+    _save_ended(interrupt, saved=not job.checkpoint_failed)
     run.sync.send(final)
     run.link.send_complete()
     reporter.syncs = run.sync.rounds

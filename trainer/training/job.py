@@ -26,6 +26,7 @@ from trainer import __version__
 from trainer.errors import BadData
 from trainer.settings.options import TrainerOptions
 from trainer.system.console import log
+from trainer.system.diskspace import OptionalWrite
 from trainer.training.checkpoint import (
     CheckpointError,
     Fingerprint,
@@ -83,6 +84,12 @@ class TrainingJob:
     checkpoint_iteration: int = -1
     """Iteration of the newest checkpoint this job wrote or resumed from (−1: none)."""
     checkpoint_clock: float = field(default_factory=time.monotonic)
+    checkpoint_failed: bool = False
+    """The newest checkpoint attempt found the disk full (:attr:`checkpoint_iteration` is older than the
+    state then)."""
+    checkpoint_disk: OptionalWrite = field(
+        default_factory=lambda: OptionalWrite("checkpoints", "at the next checkpoint"), repr=False
+    )
     heldout: HeldOutEvaluator | None = None
     """The held-out measurements (:mod:`trainer.training.heldout`); None: nothing held out, or a scale-out rank
     other than 0."""
@@ -285,7 +292,19 @@ class TrainingJob:
             trainer_version=__version__,
             saved_at=time.time(),
         )
-        self.last_checkpoint = save_checkpoint(self.checkpoint_dir, state)
+        try:
+            self.last_checkpoint = save_checkpoint(self.checkpoint_dir, state)
+        except (OSError, RuntimeError) as error:
+            # A full disk (torch.save reports it as a RuntimeError raised while handling the OSError): the
+            # previous checkpoint stays whole (atomic_file), training goes on, and the next due (or forced)
+            # checkpoint tries again; any other error is the run's.
+            if not self.checkpoint_disk.failed(self.checkpoint_dir, error):
+                raise
+            self.checkpoint_failed = True
+            self.checkpoint_clock = time.monotonic()
+            return self.last_checkpoint
+        self.checkpoint_disk.written()
+        self.checkpoint_failed = False
         self.checkpoint_iteration = iteration
         self.checkpoint_clock = time.monotonic()
         return self.last_checkpoint
