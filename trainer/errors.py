@@ -15,6 +15,7 @@ __all__ = [
     "Interrupted",
     "InterruptedAgain",
     "LaunchError",
+    "NoSpace",
     "PeerGone",
     "ResumeRefused",
     "TrainerError",
@@ -35,6 +36,13 @@ class LaunchError(TrainerError):
     """Bad launch input: command line, GUID, missing region or file, port in use."""
 
     exit_code = ExitCode.USAGE
+
+
+class NoSpace(TrainerError):
+    """What the run exists to produce could not be written: the disk or quota is full, or the disk failed
+    the write (:mod:`trainer.system.diskspace`); the message names the folder, the free space and the fix."""
+
+    exit_code = ExitCode.NO_SPACE
 
 
 class WaitTimeout(TrainerError):

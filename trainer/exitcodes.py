@@ -44,3 +44,7 @@ class ExitCode(IntEnum):
     NOT_SAVED = 13
     """A third Ctrl-C (SIGINT) stopped the trainer before its final save had ended: the newest checkpoint
     is an earlier one, or there is none. (A second Ctrl-C waits for the save, and exits 8.)"""
+    NO_SPACE = 14
+    """The disk (or quota) was full, or failed the write, where the run's product goes: an offline run's
+    trained networks, ``record``'s export. Optional files (snapshots, checkpoints, the run record) are a
+    warning instead; the game of a live run still got its networks and Complete."""

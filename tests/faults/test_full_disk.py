@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from emulator.game import FileExport
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from tests.support.faults import SETTINGS, LiveGame, assert_no_traceback
 from trainer.exitcodes import ExitCode
@@ -36,8 +38,9 @@ from trainer.records import runrecord
 from trainer.records.progress import STATUS_FILE_NAME, RunPhase, read_status
 from trainer.records.runrecord import RUN_FILE, RunRecord, find_run_folders, read_metrics
 from trainer.records.trackers import Trackers
+from trainer.session import links as session_links
 from trainer.session.app import run_with_link
-from trainer.session.links import MemoryLink
+from trainer.session.links import FileTrainerLink, MemoryLink
 from trainer.settings.options import TrainerOptions
 from trainer.system import atomic
 from trainer.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, load_latest
@@ -238,6 +241,58 @@ def test_a_tracker_on_a_full_disk_is_kept_and_tried_again(
     assert "TensorBoard's logs: written again" in out.out + out.err
 
 
+# -- offline: the final networks are the run's product ---------------------------------------------------
+
+
+def _export(tmp_path: Path, iterations: int, hidden: int = 16) -> Path:
+    task = EngineTask.benchmark("bimodal", size=64, seed=0)
+    settings = SessionSettings(iteration_num=iterations, batch_size=32, hidden_layer_size=hidden)
+    config, blobs = build_session_config(task, settings, None)
+    return FileExport(tmp_path / "project").write(config, dict(enumerate(blobs)), task.replay_buffer)
+
+
+@pytest.mark.parametrize("recovers", [False, True], ids=["full-to-the-end", "full-then-freed"])
+def test_offline_final_networks_on_a_full_disk_end_with_exit_14_and_the_last_whole_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], recovers: bool
+) -> None:
+    export = _export(tmp_path, ITERATIONS)
+    out = tmp_path / "Offline0"
+    disk = Disk(lambda p: p.parent.name == "Networks" and p.parent.parent == out, errno.ENOSPC)
+    _fail_writes(monkeypatch, disk)
+    written: list[dict[int, bytes]] = []
+    original = session_links.files.write_network_files
+
+    def write_network_files(folder: Any, networks: Any) -> None:
+        # Two rounds written, then full: to the end, or for two rounds only.
+        disk.full = len(written) >= 2 and (not recovers or disk.failures < 2)
+        original(folder, networks)
+        written.append(dict(networks))
+
+    monkeypatch.setattr(session_links.files, "write_network_files", write_network_files)
+    link = FileTrainerLink(export, output_dir=out)
+    code = run_with_link(lambda flag: link, options=OPTIONS, task_dir=out)
+    captured = capfd.readouterr()
+    output = captured.out + captured.err
+    assert_no_traceback(output)
+    assert disk.failures > 0
+    kept = {nid: (out / "Networks" / f"network_{nid}.bin").read_bytes() for nid in (0, 1, 2)}
+    assert kept == written[-1], "the output folder does not hold one whole set of networks"
+    if recovers:
+        assert code == ExitCode.OK, output
+        assert "the trained networks: written again" in output
+        return
+    assert code == ExitCode.NO_SPACE, output
+    paragraph = next(line for line in output.splitlines() if "could not be written to" in line)
+    assert f"the trained networks could not be written to {out / 'Networks'}" in paragraph
+    assert "the disk is full (No space left on device;" in paragraph and "free there" in paragraph
+    assert "holds the networks of an earlier round of this run" in paragraph
+    assert "Free space on that disk" in paragraph and "--out" in paragraph
+    record = _run_json(out)
+    assert (record["phase"], record["exit_code"]) == ("failed", 14)
+    status = read_status(out / STATUS_FILE_NAME)
+    assert (status.phase, status.exit_code) == (RunPhase.FAILED, 14)
+
+
 # -- whole sessions on a small tmpfs ----------------------------------------------------------------------
 
 
@@ -291,3 +346,38 @@ def test_a_socket_session_on_a_disk_that_fills_gets_networks_and_complete(small_
         assert (record["phase"], record["exit_code"], record["iteration"]) == ("complete", 0, 600)
         status = read_status(session.task_dir / STATUS_FILE_NAME)
         assert (status.phase, status.exit_code) == (RunPhase.COMPLETE, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_an_offline_run_onto_a_full_disk_ends_with_exit_14_and_its_reason(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    export = _export(tmp_path, 400, hidden=128)  # a denoiser of about 70 KiB
+    out = small_disk / "out"
+    out.mkdir()
+    fill(small_disk, leave=48 * 1024)  # room for the run record and the status, not for a network
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer", "offline", str(export), "--out", str(out), "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == ExitCode.NO_SPACE, output
+    assert_no_traceback(output)
+    assert f"the trained networks could not be written to {out / 'Networks'}: the disk is full" in output
+    assert "No trained network was written." in output and "Free space on that disk" in output
+    assert not list((out / "Networks").glob("network_*.bin")) if (out / "Networks").exists() else True
+    record = _run_json(out)
+    assert (record["phase"], record["exit_code"]) == ("failed", 14)
+    status = read_status(out / STATUS_FILE_NAME)
+    assert (status.phase, status.exit_code) == (RunPhase.FAILED, 14)
+    watch = subprocess.run(
+        [sys.executable, "-m", "trainer", "watch", str(out), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert watch.returncode == 14, watch.stdout + watch.stderr

@@ -39,6 +39,7 @@ from protocol.errors import ProtocolError
 from protocol.ints import INT32_MAX, INT32_MIN
 from protocol.record import Record, read_records, records_to_replay_buffer
 from trainer.commands.cli import MORE_OPTIONS, training_options, training_overrides
+from trainer.errors import NoSpace
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import check_output_folder, new_task_folder
 from trainer.session.app import run_with_link
@@ -46,6 +47,7 @@ from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, defa
 from trainer.settings.options import check_command_value, load_options
 from trainer.system.atomic import atomic_write
 from trainer.system.console import warn
+from trainer.system.diskspace import is_no_space, no_space_paragraph
 from trainer.system.lockfile import OutputFolderLock
 
 __all__ = [
@@ -269,10 +271,17 @@ def record_command(
     # One run per output folder: a second record --out into it is refused while this one trains (exit 2).
     with OutputFolderLock(out):
         folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
-        for relative, data in files.items():
-            target = folder / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(target, data)
+        try:
+            for relative, data in files.items():
+                target = folder / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(target, data)
+        except OSError as error:
+            if not is_no_space(error):
+                raise
+            raise NoSpace(
+                no_space_paragraph("the export of the records", folder, error, "Nothing was trained.")
+            ) from None
         click.echo(
             f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}"
         )

@@ -235,8 +235,11 @@ class OutputFolderLock(ControlBlockLock):
                 f"record. Wait for it to end (la-trainer watch {str(folder)!r}), or choose another folder "
                 f"with {option}."
             )
-        os.lseek(self._fd, 0, os.SEEK_SET)
-        os.write(self._fd, str(os.getpid()).ljust(PID_FIELD).encode("ascii"))
+        # The owner's pid is for the refusal message only: a full disk (the lock file itself takes none)
+        # must not keep a run from its folder.
+        with contextlib.suppress(OSError):
+            os.lseek(self._fd, 0, os.SEEK_SET)
+            os.write(self._fd, str(os.getpid()).ljust(PID_FIELD).encode("ascii"))
 
 
 def _open_and_lock(path: Path, locks: PlatformLocks) -> tuple[int, bool]:
