@@ -293,6 +293,28 @@ def test_offline_final_networks_on_a_full_disk_end_with_exit_14_and_the_last_who
     assert (status.phase, status.exit_code) == (RunPhase.FAILED, 14)
 
 
+def test_record_export_on_a_full_disk_ends_with_exit_14_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from tests.support.recordings import make_record, record_files
+    from trainer.commands.cli import main
+
+    record_file, schema_file = record_files(tmp_path, [make_record(20)])
+    out = tmp_path / "out"
+    disk = Disk(lambda p: "TrainingMaterials" in p.parts, errno.ENOSPC, full=True)
+    _fail_writes(monkeypatch, disk)
+    result = CliRunner().invoke(
+        main,
+        ["record", str(record_file), "--schema", str(schema_file), "--out", str(out), "--iterations", "2"],
+    )
+    assert result.exit_code == ExitCode.NO_SPACE, result.output
+    assert "the export of the records could not be written to" in result.output
+    assert "the disk is full" in result.output and "Nothing was trained." in result.output
+    assert not list(out.rglob("Offline*")), "it trained on a partial export"
+
+
 # -- whole sessions on a small tmpfs ----------------------------------------------------------------------
 
 
