@@ -423,6 +423,11 @@ def _rewritten(path: Path, data: bytes) -> bool:
     return True
 
 
+_REPLACED = chr(0xFFFD)
+"""What a byte that is not UTF-8 reads as (the replacement character; kept out of the source's literals,
+which are ASCII)."""
+
+
 def read_metrics(path: Path, *, unreadable: list[int] | None = None) -> list[dict[str, Any]]:
     """The points of a ``metrics.jsonl`` (a run folder or the file itself); a torn last line (a killed
     run) is skipped, and so is any line that is not JSON: bytes that are not UTF-8 (a damaged file, a
@@ -440,7 +445,7 @@ def read_metrics(path: Path, *, unreadable: list[int] | None = None) -> list[dic
                 point = json.loads(line)
             except ValueError:
                 # A killed run's torn last line (no newline) is expected; anything else is damage.
-                if unreadable is not None and line.strip() and (line.endswith("\n") or "\ufffd" in line):
+                if unreadable is not None and line.strip() and (line.endswith("\n") or _REPLACED in line):
                     unreadable.append(number)
                 continue
             if isinstance(point, dict) and isinstance(point.get("iteration"), int):
