@@ -139,6 +139,16 @@ def _exit(code: int) -> None:
     sys.exit(int(code))
 
 
+def _check_device_before_listening(device: str) -> None:
+    """A trainer that waits for games (``socket``, ``shm``) refuses an explicit CUDA device this machine
+    lacks now, before it listens or prints the game's switches (exit 2): otherwise each game that
+    connected would be refused in turn while it waited. torch is imported only for such a device."""
+    if device == "cuda" or device.startswith("cuda:"):
+        from trainer.training.device import check_device_option
+
+        check_device_option(device)
+
+
 class _LazyGroup(click.Group):
     """Subcommands defined in other modules, imported only when used, so ``la-trainer --help`` stays
     fast (no torch or matplotlib import just to list commands). The game side's commands (``demo``,
@@ -298,6 +308,7 @@ def shm_command(
         shared_dir=task_dir.resolve().parent,  # the project-wide file (trainer.settings.options.load_options)
     )
     timeouts = Timeouts.from_env(options.wait)
+    _check_device_before_listening(options.device)
     if guid is None:
         if not create:
             raise click.UsageError("--guid is required unless --create makes a new control block.")
@@ -393,6 +404,7 @@ def socket_command(
         overrides["config_wait"] = config_wait
     options = load_options(None, overrides, shared_dir=temp_dir if temp_dir.is_dir() else None)
     timeouts = Timeouts.from_env(options.wait, config_wait=options.config_wait)
+    _check_device_before_listening(options.device)
     runs = check_output_folder(temp_dir, "--temp-dir")
     task_dir: Path | None = None
     if serve:
@@ -469,6 +481,7 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
     from trainer.session.transport.files import find_training_materials
     from trainer.settings.options import SETTINGS_FILE_NAME, load_options
+    from trainer.system.lockfile import OutputFolderLock
 
     overrides = training_overrides(kwargs)
     # The values first (a typo must not wait for the folder checks), then with the settings files: the
@@ -492,8 +505,10 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
         out = new_task_folder(check_output_folder(project, "--out"), OFFLINE_TASK_NAME)
     link = FileTrainerLink(folder, output_dir=out)  # refuses an export as the output folder
     check_output_folder(out, "--out")
-    click.echo(f"la-trainer: training from {folder}; outputs in {out}")
-    _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
+    # One run per output folder: a second run into it is refused while this one trains (exit 2).
+    with OutputFolderLock(out):
+        click.echo(f"la-trainer: training from {folder}; outputs in {out}")
+        _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
 
 
 @main.command("watch")

@@ -10,7 +10,7 @@ what the Docker HEALTHCHECK asks (``watch --once``):
 exit code     the run
 ============  ==========================================================================================
 0             running and fresh, or ended with exit code 0 (complete, or stopped by the game)
-1-10          ended with that exit code (README "Exit codes": 8 interrupted, 9 diverged, ...)
+1-10, 13-14 ended with that exit code (README "Exit codes": 8 interrupted, 9 diverged, ...)
 2             also: no status file found under the path
 11            stale: not updated for ``--max-age`` seconds (a live trainer rewrites it every 10 s)
 12            dead: the trainer process is gone without having recorded an end (killed)
