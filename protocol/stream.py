@@ -22,7 +22,10 @@ Decoders are sans-IO in the h11 manner: ``feed(data)`` then call ``next_event()`
 :class:`asyncio.BufferedProtocol`: ``view = decoder.get_buffer(-1)``, ``n = sock.recv_into(view)``,
 ``decoder.buffer_updated(n)``. Once a message's header is parsed its body is one preallocated
 ``bytearray`` of the exact size, and ``get_buffer`` hands out the unfilled rest of it, so snapshot and
-replay bytes go from the kernel straight to their final buffer. Header bytes go through a small scratch
+replay bytes go from the kernel straight to their final buffer. SendConfig is the exception: its size is
+the only one a peer declares before anything is known about it (network and replay sizes come from an
+accepted config), so its buffer starts at :data:`_GROW_FIRST` bytes and doubles as bytes arrive; a
+5-byte header that claims 64 MiB allocates 64 KiB, not 64 MiB, until the bytes come. Header bytes go through a small scratch
 buffer (a recv of exactly the header's missing bytes, so no body byte is ever read into it).
 
 Bounds before allocation: ConfigByteNum ≤ ``max_config_bytes``; NetworkId must be configured and the body
@@ -119,6 +122,9 @@ _SIGNAL_AND_ONE_INT: Final = struct.Struct("<Bi")
 _SIGNAL_AND_TWO_INTS: Final = struct.Struct("<Bii")
 _SIGNAL_AND_FOUR_INTS: Final = struct.Struct("<B4i")
 _SCRATCH_BYTES: Final = 64  # larger than any header; also the chunk handed out when bytes are undrained
+_GROW_FIRST: Final = 64 * 1024
+"""First allocation of a body that grows as it arrives (SendConfig): a real config (kilobytes) fits in it
+at once, and a silent or junk peer holds no more than this however large the size it claimed."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -231,6 +237,9 @@ class _Reader(Generic[EventT]):
     """Validate the header (bounds first) and return the body size in bytes."""
     finish: Callable[[tuple[int, ...], bytearray], EventT]
     """Build the event from the header and the filled body (which then belongs to the event)."""
+    grows: bool = False
+    """The body is allocated as it arrives (doubling from :data:`_GROW_FIRST`), not all at once: for a size
+    the peer alone declares (SendConfig), so a header cannot make us hold memory the bytes never fill."""
 
     @property
     def name(self) -> str:
@@ -254,6 +263,7 @@ class _Decoder(Generic[EventT]):
         self._reader: _Reader[EventT] | None = None  # None between messages
         self._header: tuple[int, ...] | None = None
         self._body: bytearray | None = None
+        self._size = 0  # the body's declared size; len(self._body) is less while a growing body fills
         self._filled = 0
         self._given: Literal["scratch", "body"] | None = None
         self._given_size = 0
@@ -287,8 +297,15 @@ class _Decoder(Generic[EventT]):
     # -- public API --------------------------------------------------------------------------------------
     @property
     def body_size(self) -> int | None:
-        """Bytes preallocated for the current message's body; None between messages or before its header."""
-        return None if self._body is None else len(self._body)
+        """The current message's body size in bytes (from its header); None between messages or before its
+        header."""
+        return None if self._body is None else self._size
+
+    @property
+    def body_allocated(self) -> int:
+        """Bytes allocated for the current message's body so far: its size, except for a body that grows
+        as it arrives (SendConfig); 0 between messages."""
+        return 0 if self._body is None else len(self._body)
 
     def feed(self, data: PayloadBytes) -> None:
         """Append received bytes (copied; use the get_buffer path to avoid the copy)."""
@@ -300,7 +317,8 @@ class _Decoder(Generic[EventT]):
         body = self._body
         if body is not None and not self._pending:
             # Straight into the body; whatever is beyond it starts the next message.
-            take = min(len(body) - self._filled, len(view))
+            take = min(self._size - self._filled, len(view))
+            body = self._room(self._filled + take)
             body[self._filled : self._filled + take] = view[:take]
             self._filled += take
             view = view[take:]
@@ -311,13 +329,15 @@ class _Decoder(Generic[EventT]):
 
         Calling it again (or :meth:`feed`) without reporting abandons the previous view.
 
-        While a body of known size is being received it is the unfilled rest of that body (zero copy);
+        While a body of known size is being received it is the unfilled rest of that body (zero copy; of
+        the part allocated so far, for a body that grows as it arrives);
         otherwise a scratch view of exactly the missing header bytes. ``sizehint`` is accepted for
         BufferedProtocol compatibility and ignored: larger views would let a recv run past the message.
         """
         self._usable("get_buffer")
         body = self._body
-        if body is not None and not self._pending and self._filled < len(body):
+        if body is not None and not self._pending and self._filled < self._size:
+            body = self._room(self._filled + 1)  # a growing body that is full doubles here
             view = memoryview(body)[self._filled :]
             self._given, self._given_size = "body", len(view)
             return view
@@ -397,14 +417,14 @@ class _Decoder(Generic[EventT]):
         body = self._body
         if body is None or self._pending:
             return 0
-        return len(body) - self._filled
+        return self._size - self._filled
 
     def _can_progress(self) -> bool:
         if self._reader is None:
             return bool(self._pending)
         if self._header is None:
             return len(self._pending) >= self._reader.header.size
-        return self._body is not None and (self._filled == len(self._body) or bool(self._pending))
+        return self._body is not None and (self._filled == self._size or bool(self._pending))
 
     def _truncation(self) -> StreamError | None:
         reader = self._reader
@@ -419,7 +439,7 @@ class _Decoder(Generic[EventT]):
                 expected=1 + reader.header.size,
                 actual=got,
             )
-        body_len = 0 if self._body is None else len(self._body)
+        body_len = 0 if self._body is None else self._size
         total = 1 + reader.header.size + body_len
         got = 1 + reader.header.size + self._filled
         return StreamError(
@@ -453,20 +473,34 @@ class _Decoder(Generic[EventT]):
             size = reader.body_size(header)  # bounds are checked in there, before this allocation
             del pending[:need]
             self._header = header
-            self._body = bytearray(size)
+            self._size = size
+            self._body = bytearray(min(size, _GROW_FIRST) if reader.grows else size)
             self._filled = 0
-        body = self._body
-        assert body is not None  # invariant of this machine (set together with _header), not peer data
-        if self._filled < len(body) and pending:
-            take = min(len(body) - self._filled, len(pending))
-            body[self._filled : self._filled + take] = pending[:take]
+        if self._filled < self._size and pending:
+            take = min(self._size - self._filled, len(pending))
+            room = self._room(self._filled + take)
+            room[self._filled : self._filled + take] = pending[:take]
             del pending[:take]
             self._filled += take
-        if self._filled < len(body):
+        if self._filled < self._size:
             return self._need_data()
-        header = self._header
-        self._reader, self._header, self._body, self._filled = None, None, None, 0
+        header, body = self._header, self._body
+        assert body is not None and len(body) == self._size  # invariants of this machine, not peer data
+        self._reader, self._header, self._body, self._size, self._filled = None, None, None, 0, 0
         return reader.finish(header, body)
+
+    def _room(self, needed: int) -> bytearray:
+        """The body, with room for ``needed`` bytes (at most its size): a growing body is replaced by one
+        twice as large (or ``needed``), never resized in place, since a view of it handed out by
+        :meth:`get_buffer` may still be alive (a bytearray with exported views cannot be resized)."""
+        body = self._body
+        assert body is not None  # only called while a body is being received
+        if needed <= len(body):
+            return body
+        grown = bytearray(min(self._size, max(needed, 2 * len(body))))
+        grown[: self._filled] = memoryview(body)[: self._filled]
+        self._body = grown
+        return grown
 
 
 def _byte_view(data: PayloadBytes) -> memoryview:
@@ -510,7 +544,9 @@ class TrainerStreamDecoder(_Decoder[TrainerEvent]):
         self._network_sizes: dict[int, int] = {}
         self._layouts: dict[int, ReplayLayoutLike] = {}
         self._readers: dict[int, _Reader[TrainerEvent]] = {
-            Signal.SEND_CONFIG: _Reader(Signal.SEND_CONFIG, _ONE_INT, self._config_size, self._config_event),
+            Signal.SEND_CONFIG: _Reader(
+                Signal.SEND_CONFIG, _ONE_INT, self._config_size, self._config_event, grows=True
+            ),
             Signal.SEND_EXPERIENCE: _Reader(
                 Signal.SEND_EXPERIENCE, _FOUR_INTS, self._experience_size, self._experience_event
             ),

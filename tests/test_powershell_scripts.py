@@ -2,13 +2,16 @@
 
 CI has no Windows and no PowerShell, and a script that PowerShell cannot parse fails before its first
 line runs (issue 22: ``"...$Venv: ..."`` in both scripts was a ParserError). Two checks, each able to fail
-on the real script text:
+on the real script text (and, at the end, issue 30's: setup_env.ps1 deletes only a folder it can have
+made):
 
 * a lint for what the grammar below lets through: variable references as PowerShell's tokenizer reads them
   (a name runs on through ``:``, so ``$Venv:`` followed by a space is a drive-qualified reference with no
   variable name, rejected with ``InvalidVariableReferenceWithDrive``), balanced brackets, terminated
   strings, here-string headers, comments, ASCII-only text (Windows PowerShell 5.1, the one the README's
-  ``powershell -File`` starts, reads a script without a byte-order mark in the ANSI code page);
+  ``powershell -File`` starts, reads a script without a byte-order mark in the ANSI code page), and the
+  pipeline chain operators ``&&`` and ``||``, which the grammar (PowerShell 7's) accepts and 5.1 rejects
+  (``InvalidEndOfLine``, issue 30);
 * the tree-sitter PowerShell grammar (a ``dev`` dependency) for everything else structural. It is
   permissive about variable names (it accepts ``"$Venv: x"``), which is why the lint exists.
 """
@@ -19,6 +22,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,6 +113,13 @@ class _Lint:
                 self.here_string()
             elif c == "$":
                 self.variable()
+            elif c in "&|" and self.peek(1) == c:
+                self.report(
+                    at,
+                    f"{c}{c} is PowerShell 7 syntax: Windows PowerShell 5.1 (powershell -File) rejects the "
+                    "script; run the commands one by one and test $LASTEXITCODE in an if",
+                )
+                self.i += 2
             elif c in _PAIRS:
                 stack.append((c, at))
                 self.i += 1
@@ -368,3 +379,122 @@ def test_the_released_scripts_of_issue_22_are_caught() -> None:
             pytest.skip("git history not available (a source archive)")
         problems = lint(old.stdout)
         assert [p.line for p in problems] == [15], problems
+
+
+# --- issue 30: setup_env.ps1 deletes only what it can have made; the checks know PowerShell 5.1 -----------
+
+_DELETERS = {"remove-item", "rm", "rmdir", "del", "erase", "rd", "ri"}
+
+
+def _tree(text: str) -> Any:
+    import tree_sitter_powershell
+    from tree_sitter import Language, Parser
+
+    return Parser(Language(tree_sitter_powershell.language())).parse(text.encode("utf-8"))
+
+
+def _nodes(node: Any, kind: str) -> list[Any]:
+    found = [node] if node.type == kind else []
+    for child in node.children:
+        found.extend(_nodes(child, kind))
+    return found
+
+
+def _text(node: Any) -> str:
+    return (node.text or b"").decode("utf-8")
+
+
+def deletion_problems(text: str) -> list[str]:
+    """Why a deletion in ``text`` could remove a folder the script did not make. Each Remove-Item (or alias)
+    must take -LiteralPath, and an ``if`` earlier in its own block must throw unless the folder is a virtual
+    environment (a condition that, through the variables assigned in that block, tests pyvenv.cfg) or
+    empty (Get-ChildItem)."""
+    problems: list[str] = []
+    for command in _nodes(_tree(text).root_node, "command"):
+        names = [child for child in command.children if child.type == "command_name"]
+        if not names or _text(names[0]).lower() not in _DELETERS:
+            continue
+        where = f"line {command.start_point[0] + 1}: {_text(command)!r}"
+        if "-literalpath" not in _text(command).lower():
+            problems.append(f"{where}: no -LiteralPath (a [ ] in the path is a wildcard)")
+        block = command.parent
+        while block is not None and block.type != "statement_block":
+            block = block.parent
+        if block is None:
+            problems.append(f"{where}: not inside a guarded block")
+            continue
+        before = text[block.start_byte : command.start_byte]
+        assigned = dict(re.findall(r"^\s*\$(\w+)\s*=\s*(.+)$", before, re.MULTILINE))
+        guarded = False
+        for statement in _nodes(_tree(before).root_node, "if_statement"):
+            condition = _text(statement).split("{", 1)[0]
+            expanded = re.sub(r"\$(\w+)", lambda m, a=assigned: a.get(m.group(1), m.group(0)), condition)
+            if "throw" in _text(statement) and "pyvenv.cfg" in expanded and "Get-ChildItem" in expanded:
+                guarded = True
+        if not guarded:
+            problems.append(f"{where}: no refusal of a folder that is neither a venv (pyvenv.cfg) nor empty")
+    return problems
+
+
+def test_setup_env_ps1_deletes_only_a_virtual_environment_or_an_empty_folder() -> None:
+    """Issue 30: a mistyped LA_TRAINER_VENV that named a real folder was deleted with -Recurse -Force."""
+    text = (ROOT / "scripts" / "setup_env.ps1").read_text(encoding="utf-8")
+    assert "Remove-Item" in text  # the repair is still there
+    assert deletion_problems(text) == []
+    assert "set LA_TRAINER_VENV" in text  # the refusal says how to fix it
+
+
+def test_the_deletion_check_fails_on_the_script_issue_30_found() -> None:
+    old = (
+        '$Venv = if ($env:LA_TRAINER_VENV) { $env:LA_TRAINER_VENV } else { Join-Path $Root ".venv" }\n'
+        '$Python = Join-Path $Venv "Scripts\\python.exe"\n'
+        "if ((Test-Path $Venv) -and -not (Test-Path $Python)) {\n"
+        '    Write-Host "The virtual environment in $Venv is broken; making it again."\n'
+        "    Remove-Item -Recurse -Force $Venv\n"
+        "}\n"
+    )
+    problems = deletion_problems(old)
+    assert len(problems) == 2 and "LiteralPath" in problems[0] and "pyvenv.cfg" in problems[1], problems
+
+
+REJECTED_IN_51 = [
+    "git status && echo ok",  # pipeline chain operators: PowerShell 7
+    "py -3.11 -m venv $Venv || throw 'no venv'",
+    "& $Python -m pip install x &&\n  Write-Host done",
+    "$x = $a ? 1 : 2",  # ternary: PowerShell 7
+    "$x = $a ?? 2",  # null-coalescing: PowerShell 7
+    "$x ??= 2",
+    "${a}?.b",  # null-conditional member access: PowerShell 7
+    "Start-Sleep 5 &",  # background operator: PowerShell 6
+    "Write-Host a `  \n-ForegroundColor Red",  # a backtick before spaces continues nothing
+]
+ACCEPTED_IN_51 = [
+    "if ($LASTEXITCODE -ne 0) { throw 'pip install failed' }",
+    "& $Python -m pip install x",
+    "Get-Process | ? { $_.CPU -gt 1 } | % { $_.Name }",
+    "x 2>&1 | Out-Null",
+    "$ok = (Test-Path a) -and -not (Test-Path b)",
+    'Write-Host "a && b || c"',  # text
+    "'a && b'",
+    "<# a && b #>\n$x = 1",
+]
+
+
+def _rejected(text: str) -> bool:
+    return bool(lint(text)) or bool(grammar_errors(text))
+
+
+@pytest.mark.parametrize("text", REJECTED_IN_51)
+def test_the_ps1_checks_reject_what_powershell_51_cannot_parse(text: str) -> None:
+    assert _rejected(text), text
+
+
+@pytest.mark.parametrize("text", ACCEPTED_IN_51)
+def test_the_ps1_checks_accept_what_powershell_51_parses(text: str) -> None:
+    assert lint(text) == [], text
+    assert grammar_errors(text) == [], text
+
+
+def test_the_lint_names_the_51_fix_for_a_chain() -> None:
+    [problem] = lint("py -m venv x && py -m pip install y")
+    assert problem.column == 14 and "5.1" in problem.message and "$LASTEXITCODE" in problem.message

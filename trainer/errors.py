@@ -13,10 +13,13 @@ __all__ = [
     "BadData",
     "Diverged",
     "Interrupted",
+    "InterruptedAgain",
     "LaunchError",
+    "NoSpace",
     "PeerGone",
     "ResumeRefused",
     "TrainerError",
+    "TrainingPeerLost",
     "Unsupported",
     "WaitTimeout",
     "exit_code_for",
@@ -33,6 +36,13 @@ class LaunchError(TrainerError):
     """Bad launch input: command line, GUID, missing region or file, port in use."""
 
     exit_code = ExitCode.USAGE
+
+
+class NoSpace(TrainerError):
+    """What the run exists to produce could not be written: the disk or quota is full, or the disk failed
+    the write (:mod:`trainer.system.diskspace`); the message names the folder, the free space and the fix."""
+
+    exit_code = ExitCode.NO_SPACE
 
 
 class WaitTimeout(TrainerError):
@@ -65,6 +75,16 @@ class Interrupted(TrainerError):
     exit_code = ExitCode.INTERRUPTED
 
 
+class InterruptedAgain(KeyboardInterrupt):
+    """A repeated Ctrl-C stopped the trainer at once (:class:`trainer.session.app.InterruptFlag`); ``saved``:
+    its final state had been saved by then (exit 8), else exit 13 (NOT_SAVED). A KeyboardInterrupt so that
+    no ``except Exception`` on its way catches it."""
+
+    def __init__(self, *, saved: bool) -> None:
+        super().__init__("saved" if saved else "not saved")
+        self.saved = saved
+
+
 class Diverged(TrainerError):
     """The loss became non-finite; the last good weights were kept.
 
@@ -76,6 +96,17 @@ class Diverged(TrainerError):
     def __init__(self, message: str, *, iteration: int | None = None) -> None:
         super().__init__(message)
         self.iteration = iteration
+
+
+class TrainingPeerLost(Diverged):
+    """Another process training this job with us (a scale-out rank) failed or vanished.
+
+    A :class:`Diverged` so that the loop ends the same way (stop now, send the last good weights and
+    Complete, write the snapshot and checkpoint), but recorded as what it is: the weights are fine and
+    the learning rate is not to blame, so the run ends with ``PEER_GONE`` and its own phase
+    (:class:`trainer.distributed.errors.RankLost` is the one scale-out raises)."""
+
+    exit_code = ExitCode.PEER_GONE
 
 
 class ResumeRefused(TrainerError):
@@ -93,6 +124,8 @@ def exit_code_for(error: BaseException) -> ExitCode:
         return ExitCode.BAD_DATA
     if isinstance(error, ProtocolError):
         return ExitCode.PROTOCOL
+    if isinstance(error, InterruptedAgain) and not error.saved:
+        return ExitCode.NOT_SAVED
     if isinstance(error, KeyboardInterrupt):
         return ExitCode.INTERRUPTED
     return ExitCode.INTERNAL

@@ -41,3 +41,10 @@ class ExitCode(IntEnum):
     frozen, or gone on another machine)."""
     RUN_DEAD = 12
     """``la-trainer watch``: the trainer process is gone without having recorded an end (killed)."""
+    NOT_SAVED = 13
+    """A third Ctrl-C (SIGINT) stopped the trainer before its final save had ended: the newest checkpoint
+    is an earlier one, or there is none. (A second Ctrl-C waits for the save, and exits 8.)"""
+    NO_SPACE = 14
+    """The disk (or quota) was full, or failed the write, where the run's product goes: an offline run's
+    trained networks, ``record``'s export. Optional files (snapshots, checkpoints, the run record) are a
+    warning instead; the game of a live run still got its networks and Complete."""

@@ -51,6 +51,7 @@ OTHER_KNOBS = frozenset(
         "checkpoint_every_seconds",
         "resume",
         "wait",
+        "config_wait",
         "run_record",
         "tensorboard",
         "mlflow",

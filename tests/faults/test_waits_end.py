@@ -222,7 +222,9 @@ def _socket_to(point: str, link: SocketTrainerLink, games: list[SocketGame]) -> 
     return lambda: link.finish(600)
 
 
-@pytest.mark.parametrize("point", ["config", "network", "experience"])
+# Not "config": Stop before any config closes that connection only, it is not a game yet (issue 30;
+# tests/faults/test_socket_pending.py); the wait for a game goes on, and ends on the signal below.
+@pytest.mark.parametrize("point", ["network", "experience"])
 def test_socket_wait_ends_on_stop(
     point: str, socket_pair: tuple[SocketTrainerLink, list[SocketGame], threading.Event]
 ) -> None:

@@ -42,6 +42,10 @@ class Process:
     exited: bool = False
     protected: bool = False
     """OpenProcess is refused (ERROR_ACCESS_DENIED) though the process exists."""
+    times_fail: bool = False
+    """GetProcessTimes fails on it (ERROR_ACCESS_DENIED: a handle without query rights)."""
+    wait_fails: bool = False
+    """WaitForSingleObject fails on it (WAIT_FAILED, ERROR_ACCESS_DENIED: a handle without SYNCHRONIZE)."""
 
 
 def _c_int(value: Any) -> Any:
@@ -148,6 +152,8 @@ class FakeKernel32:
         process = self._process(handle)
         if process is None:
             return self._fail(ERROR_INVALID_HANDLE)
+        if process.times_fail:
+            return self._fail(ERROR_ACCESS_DENIED)
         filetime = created._obj
         filetime.dwLowDateTime = process.created & 0xFFFF_FFFF
         filetime.dwHighDateTime = process.created >> 32
@@ -157,6 +163,8 @@ class FakeKernel32:
         process = self._process(handle)
         if process is None:
             return self._fail(ERROR_INVALID_HANDLE, WAIT_FAILED)
+        if process.wait_fails:
+            return self._fail(ERROR_ACCESS_DENIED, WAIT_FAILED)
         return WAIT_OBJECT_0 if process.exited else WAIT_TIMEOUT
 
     def _QueryFullProcessImageNameW(self, handle: int, flags: int, buffer: Any, size: Any) -> int:

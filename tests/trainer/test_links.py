@@ -610,7 +610,8 @@ def test_file_link_output_dir(tmp_path: Path) -> None:
     out = tmp_path / "out"
     link = FileTrainerLink(stamp, output_dir=out)
     link.receive_config()
-    link.send_network(1, trained(0)[1], 1)
+    for network_id, data in trained(0).items():  # a round is written whole, once all its networks came
+        link.send_network(network_id, data, 1)
     assert network_path(out, 1).read_bytes() == trained(0)[1]
     assert network_path(stamp, 1).read_bytes() == sample_networks()[1]
 

@@ -224,18 +224,24 @@ def test_win32_a_process_that_refuses_a_handle_is_still_there() -> None:
 
 def test_win32_undeclared_calls_fail_on_the_fake() -> None:
     """The same calls without prototypes (main before issue 22): the fake returns handles as ctypes'
-    default C int (cut to 32 bits) and passes int arguments as 32 bits, so a live engine is not seen alive.
-    This is what makes the tests above able to fail."""
+    default C int (cut to 32 bits: the fake's handles then name nothing) and passes int arguments as 32
+    bits, so every call on a handle fails.
+    A failed call never judges a process gone (the rule of trainer/system/liveness.py, issue 30), so
+    what shows is the other half: an engine that exits is never seen to. This is what makes the tests
+    above able to fail."""
 
     class Undeclared:
         def __getattr__(self, name: str) -> object:
             return fake[name]  # a function with ctypes' defaults: no argtypes, restype c_int
 
-    fake = FakeKernel32([Process(50, OWN_CREATED - 10**9, EDITOR, 4)], own=Process(70, OWN_CREATED, "x", 50))
+    editor = Process(50, OWN_CREATED - 10**9, EDITOR, 4)
+    fake = FakeKernel32([editor], own=Process(70, OWN_CREATED, "x", 50))
     api = Win32Processes(Undeclared(), last_error=lambda: fake.last_error)  # type: ignore[arg-type]
     assert api.own_creation_time() != OWN_CREATED
     try:
-        alive = process_watch(50, platform="win32", api=api, executable=sys.executable)()
+        alive = process_watch(50, platform="win32", api=api, executable=sys.executable)
+        editor.exited = True
+        seen_exiting = not alive()
     except (OSError, ctypes.ArgumentError):
-        alive = False
-    assert not alive
+        seen_exiting = False
+    assert not seen_exiting

@@ -139,6 +139,16 @@ def _exit(code: int) -> None:
     sys.exit(int(code))
 
 
+def _check_device_before_listening(device: str) -> None:
+    """A trainer that waits for games (``socket``, ``shm``) refuses an explicit CUDA device this machine
+    lacks now, before it listens or prints the game's switches (exit 2): otherwise each game that
+    connected would be refused in turn while it waited. torch is imported only for such a device."""
+    if device == "cuda" or device.startswith("cuda:"):
+        from trainer.training.device import check_device_option
+
+        check_device_option(device)
+
+
 class _LazyGroup(click.Group):
     """Subcommands defined in other modules, imported only when used, so ``la-trainer --help`` stays
     fast (no torch or matplotlib import just to list commands). The game side's commands (``demo``,
@@ -298,6 +308,7 @@ def shm_command(
         shared_dir=task_dir.resolve().parent,  # the project-wide file (trainer.settings.options.load_options)
     )
     timeouts = Timeouts.from_env(options.wait)
+    _check_device_before_listening(options.device)
     if guid is None:
         if not create:
             raise click.UsageError("--guid is required unless --create makes a new control block.")
@@ -355,6 +366,15 @@ def shm_command(
     "applies to every run.",
 )
 @click.option(
+    "--config-wait",
+    metavar="SECONDS",
+    type=float,
+    default=None,
+    help="Bound from a connection's first byte to its complete config message; a connection that misses "
+    "it is closed while other connections are served (one that has sent nothing is not timed: a game "
+    "sends its config when it begins training). 0: no bound. Default 60.",
+)
+@click.option(
     "--serve/--once",
     default=True,
     help="Default --serve: a server; after each session it listens again on the same port for the next "
@@ -362,7 +382,9 @@ def shm_command(
     "the game is then bounded by --wait).",
 )
 @training_options
-def socket_command(host: str, port: int, temp_dir: Path, serve: bool, **kwargs: Any) -> None:
+def socket_command(
+    host: str, port: int, temp_dir: Path, config_wait: float | None, serve: bool, **kwargs: Any
+) -> None:
     """Train over TCP: this process listens, the game connects; it serves one game session after another
     (--once: one session).
 
@@ -371,17 +393,27 @@ def socket_command(host: str, port: int, temp_dir: Path, serve: bool, **kwargs: 
       la-trainer socket --host 0.0.0.0 --port 48491
     """
     from protocol.argv import LaunchArgs, SocketArgs
+    from trainer.errors import LaunchError
     from trainer.records.runrecord import check_output_folder, new_task_folder
     from trainer.session.app import open_link_for_launch, run_with_link, serve_sessions
     from trainer.settings.options import load_options
     from trainer.settings.timeouts import Timeouts
 
-    options = load_options(
-        None, training_overrides(kwargs), shared_dir=temp_dir if temp_dir.is_dir() else None
-    )
-    timeouts = Timeouts.from_env(options.wait)
-    task_dir = new_task_folder(check_output_folder(temp_dir, "--temp-dir"), "External")
-    click.echo(f"Run folder: {task_dir}")
+    overrides = training_overrides(kwargs)
+    if config_wait is not None:
+        overrides["config_wait"] = config_wait
+    options = load_options(None, overrides, shared_dir=temp_dir if temp_dir.is_dir() else None)
+    timeouts = Timeouts.from_env(options.wait, config_wait=options.config_wait)
+    _check_device_before_listening(options.device)
+    runs = check_output_folder(temp_dir, "--temp-dir")
+    task_dir: Path | None = None
+    if serve:
+        # Each session's folder is made once a game's config is in (serve_sessions, config_first): a
+        # connection that never sends one (a port scan, a stray client) leaves no External<N> behind.
+        click.echo(f"Run folders: {runs / 'External'}<N>, one per game session, made when its config comes")
+    else:
+        task_dir = new_task_folder(runs, "External")
+        click.echo(f"Run folder: {task_dir}")
     click.echo("Start the game with these command-line switches:")
     shown_host = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
     click.echo(
@@ -399,10 +431,13 @@ def socket_command(host: str, port: int, temp_dir: Path, serve: bool, **kwargs: 
     if serve:
 
         def session_folder(session: int) -> Path:
-            # The first folder was made (and shown) above; each later session gets the next number.
-            if session == 0:
-                return task_dir
-            folder = new_task_folder(temp_dir, "External")
+            try:
+                folder = new_task_folder(runs, "External")
+            except OSError as error:
+                raise LaunchError(
+                    f"cannot create the run folder of session {session + 1} under {runs}: "
+                    f"{error.strerror or error}"
+                ) from None
             click.echo(f"Run folder: {folder}")
             return folder
 
@@ -411,6 +446,7 @@ def socket_command(host: str, port: int, temp_dir: Path, serve: bool, **kwargs: 
                 lambda flag: open_link_for_launch(args, timeouts, None, flag, serve=True),
                 options=options,
                 task_dir_for=session_folder,
+                config_first=True,
             )
         )
     _exit(
@@ -445,6 +481,7 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
     from trainer.session.transport.files import find_training_materials
     from trainer.settings.options import SETTINGS_FILE_NAME, load_options
+    from trainer.system.lockfile import OutputFolderLock
 
     overrides = training_overrides(kwargs)
     # The values first (a typo must not wait for the folder checks), then with the settings files: the
@@ -468,8 +505,10 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
         out = new_task_folder(check_output_folder(project, "--out"), OFFLINE_TASK_NAME)
     link = FileTrainerLink(folder, output_dir=out)  # refuses an export as the output folder
     check_output_folder(out, "--out")
-    click.echo(f"la-trainer: training from {folder}; outputs in {out}")
-    _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
+    # One run per output folder: a second run into it is refused while this one trains (exit 2).
+    with OutputFolderLock(out):
+        click.echo(f"la-trainer: training from {folder}; outputs in {out}")
+        _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
 
 
 @main.command("watch")

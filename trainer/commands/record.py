@@ -17,13 +17,15 @@ the same errors everywhere else.
 
 from __future__ import annotations
 
+import glob
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from protocol.config import (
     ACTIVATION_FUNCTIONS,
@@ -38,22 +40,46 @@ from protocol.errors import ProtocolError
 from protocol.ints import INT32_MAX, INT32_MIN
 from protocol.record import Record, read_records, records_to_replay_buffer
 from trainer.commands.cli import MORE_OPTIONS, training_options, training_overrides
+from trainer.errors import NoSpace
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import check_output_folder, new_task_folder
 from trainer.session.app import run_with_link
 from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
 from trainer.settings.options import check_command_value, load_options
 from trainer.system.atomic import atomic_write
+from trainer.system.console import warn
+from trainer.system.diskspace import is_no_space, no_space_paragraph
+from trainer.system.lockfile import OutputFolderLock
 
-__all__ = ["RECORD_ITERATIONS", "RECORD_VALUES", "RecordBadData", "RecordUsageError", "record_command"]
+__all__ = [
+    "EXTREME_VALUE",
+    "RECORD_ITERATIONS",
+    "RECORD_MAX_BATCH",
+    "RECORD_VALUES",
+    "RecordBadData",
+    "RecordUsageError",
+    "expand_record_paths",
+    "extreme_columns",
+    "record_command",
+]
 
 RECORD_ITERATIONS = 20000
 """IterationNum of the generated trainer config unless ``--iterations`` says otherwise (the engine's
 default of 1,000,000 is meant for a game that keeps running; 20k trains the demo tasks well)."""
 
 
+RECORD_MAX_BATCH = 1 << 20
+"""Largest ``--batch-size`` (1,048,576 rows): every row of a step holds a HiddenLayerSize-wide activation
+per layer and its gradient, so 100,000,000 rows of 128 units need over 100 GB for one step (it ended in an
+out-of-memory traceback), and a batch past a million rows trains no better than a smaller one."""
+
 RECORD_VALUES: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "--batch-size": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
+    "--batch-size": (
+        f"a whole number from 1 to {RECORD_MAX_BATCH} (the rows of one training step; each holds every "
+        "layer's activations, so a larger batch needs more memory than a machine has; the engine's "
+        "default is 256)",
+        lambda v: 1 <= v <= RECORD_MAX_BATCH,
+    ),
     "--learning-rate": ("a finite number > 0", lambda v: v > 0),
     "--seed": (f"a whole number from {INT32_MIN} to {INT32_MAX}", lambda v: INT32_MIN <= v <= INT32_MAX),
     "--hidden-layers": (f"a whole number from 1 to {INT32_MAX}", lambda v: 1 <= v <= INT32_MAX),
@@ -63,6 +89,41 @@ RECORD_VALUES: dict[str, tuple[str, Callable[[Any], bool]]] = {
 """What the generated configs may hold (the engine's own ranges, protocol.config), checked by
 :func:`trainer.settings.options.check_command_value` before any file is read: a value the config reader would
 refuse later would be blamed on the generated export, a file the user never wrote."""
+
+
+EXTREME_VALUE = 1e6
+"""A recorded value beyond +-this is reported (:func:`extreme_columns`): a game's observations and actions
+are scaled to about +-10 (the engine's observation scales), and a flipped byte in a float's exponent makes
+values of 1e33 that would decide the run's standardisation on their own."""
+
+_SHOWN_COLUMNS = 5
+"""Columns named one by one in the warning; more are counted."""
+
+
+def extreme_columns(records: Sequence[Record], origins: Sequence[str]) -> list[str]:
+    """One warning line per observation or action column with a finite value beyond +-:data:`EXTREME_VALUE`:
+    the column, its range over every record, and the record (``origins[i]`` names ``records[i]``) that
+    holds the largest. Non-finite values are left to the data check that refuses them (exit 6)."""
+    found: list[str] = []
+    for kind in ("observation", "action"):
+        tables = [record.observations if kind == "observation" else record.actions for record in records]
+        width = tables[0].shape[1] if tables else 0
+        for column in range(width):
+            values = [table[:, column][np.isfinite(table[:, column])] for table in tables]
+            peaks = [float(np.abs(part).max()) if part.size else 0.0 for part in values]
+            worst = int(np.argmax(peaks))
+            if peaks[worst] <= EXTREME_VALUE:
+                continue
+            every = np.concatenate(values)
+            found.append(
+                f"{kind} column {column} of the records ranges from {every.min():.4g} to {every.max():.4g} "
+                f"(largest magnitude in {origins[worst]}); values beyond +-{EXTREME_VALUE:g} are not what a game "
+                "records and will dominate the training: a damaged file (flipped bytes) looks like this. "
+                "Check or leave out that record."
+            )
+    if len(found) > _SHOWN_COLUMNS:
+        found = [*found[:_SHOWN_COLUMNS], f"and {len(found) - _SHOWN_COLUMNS} more columns like these."]
+    return found
 
 
 class RecordUsageError(click.ClickException):
@@ -98,10 +159,38 @@ def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object
     return obs, act
 
 
+_WILDCARDS = frozenset("*?[")
+
+
+def expand_record_paths(arguments: Sequence[str]) -> list[Path]:
+    r"""The files the command line names, each wildcard pattern (``*``, ``?``, ``[...]``) expanded here in
+    sorted order: PowerShell and cmd.exe hand ``Saved\Recordings\*.record`` to the program as typed (a
+    POSIX shell expands it first, and passes it as typed when nothing matches). A name that exists is
+    taken as it is, wildcard characters and all (a file may be called ``take[1].record``).
+
+    Raises:
+        RecordUsageError: a name that does not exist, a folder, or a pattern that matches no file (exit 2).
+    """
+    found: list[Path] = []
+    for argument in arguments:
+        path = Path(argument)
+        if not path.exists() and _WILDCARDS & set(argument):
+            matches = sorted(Path(match) for match in glob.glob(argument, recursive=True))
+            files = [match for match in matches if match.is_file()]
+            if not files:
+                raise RecordUsageError(f"no file matches {argument}")
+            found.extend(files)
+        elif not path.exists():
+            raise RecordUsageError(f"{argument}: no such file")
+        elif path.is_dir():
+            raise RecordUsageError(f"{argument} is a folder: name its files ({path / '*.record'})")
+        else:
+            found.append(path)
+    return found
+
+
 @click.command("record", epilog=MORE_OPTIONS)
-@click.argument(
-    "records", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
-)
+@click.argument("records", nargs=-1, required=True, type=str)
 @click.option(
     "--schema",
     "schema_path",
@@ -116,7 +205,7 @@ def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object
     show_default=True,
     help="Folder for the TrainingMaterials export and the trained networks (in a new Offline<N> folder).",
 )
-@click.option("--batch-size", type=int, default=256, show_default=True, help="BatchSize.")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="BatchSize (1 to 1048576).")
 @click.option("--learning-rate", type=float, default=1e-4, show_default=True, help="LearningRate (> 0).")
 @click.option("--seed", type=int, default=1234, show_default=True, help="Seed (a 32-bit integer).")
 @click.option(
@@ -128,7 +217,7 @@ def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object
 @click.option("--embed/--no-embed", default=True, show_default=True, help="EmbedNormalizationsInWeights.")
 @training_options
 def record_command(
-    records: tuple[Path, ...],
+    records: tuple[str, ...],
     schema_path: Path,
     out: Path,
     batch_size: int,
@@ -160,21 +249,27 @@ def record_command(
     for flag, value in own.items():
         expected, check = RECORD_VALUES[flag]
         check_command_value(flag, value, expected, check)
+    paths = expand_record_paths(records)
     obs_schema, act_schema = _load_schemas(schema_path)
     all_records: list[Record] = []
-    for path in records:
+    origins: list[str] = []
+    for path in paths:
         try:
-            all_records.extend(read_records(path.read_bytes()))
+            read = read_records(path.read_bytes())
         except OSError as error:
             raise RecordUsageError(f"{path}: {error}") from None
         except ProtocolError as error:
             raise RecordBadData(f"{path}: {error}") from None
+        all_records.extend(read)
+        origins.extend(f"{path.name} record {index}" for index in range(len(read)))
     if not all_records:
         raise RecordBadData("the .record files hold no records: nothing to train on")
     try:
         replay = records_to_replay_buffer(all_records)
     except ProtocolError as error:
         raise RecordBadData(f"records do not fit together: {error}") from None
+    for line in extreme_columns(all_records, origins):
+        warn(line)
     now = datetime.now()
     trainer = TrainerConfig(
         time_stamp=format_time_stamp(now),
@@ -204,15 +299,27 @@ def record_command(
             f"cannot build the engine's networks and configs for this schema: {error}"
         ) from None
     check_output_folder(out, "--out")  # after the inputs: a refused input leaves no folder behind
-    folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
-    for relative, data in files.items():
-        target = folder / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, data)
-    click.echo(f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}")
-    # The settings files as in every mode (trainer.settings.options.load_options): --out is the project folder.
-    options = load_options(None, overrides, warn=lambda _: None, shared_dir=out)  # warned once already
-    output = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
-    link = FileTrainerLink(folder, output_dir=output)
-    click.echo(f"la-trainer: training; outputs in {output}")
-    sys.exit(run_with_link(lambda flag: link, options=options, task_dir=output))
+    # One run per output folder: a second record --out into it is refused while this one trains (exit 2).
+    with OutputFolderLock(out):
+        folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
+        try:
+            for relative, data in files.items():
+                target = folder / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(target, data)
+        except OSError as error:
+            if not is_no_space(error):
+                raise
+            raise NoSpace(
+                no_space_paragraph("the export of the records", folder, error, "Nothing was trained.")
+            ) from None
+        click.echo(
+            f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}"
+        )
+        # The settings files as in every mode (trainer.settings.options.load_options): --out is the
+        # project folder.
+        options = load_options(None, overrides, warn=lambda _: None, shared_dir=out)  # warned once already
+        output = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
+        link = FileTrainerLink(folder, output_dir=output)
+        click.echo(f"la-trainer: training; outputs in {output}")
+        sys.exit(run_with_link(lambda flag: link, options=options, task_dir=output))

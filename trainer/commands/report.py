@@ -28,6 +28,7 @@ import click
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import (
     HELDOUT_ACTIONS_FILE,
+    METRICS_FILE,
     RUN_FILE,
     check_output_folder,
     find_run_folders,
@@ -251,10 +252,18 @@ def report_command(run: Path, out: Path | None) -> None:
     folder = folders[0]
     target = out or folder / "loss.png"
     check_output_folder(target.parent, "--out")  # before matplotlib loads: a wrong --out ends at once
+    unreadable: list[int] = []
     try:
-        points = read_metrics(folder)
+        points = read_metrics(folder, unreadable=unreadable)
     except FileNotFoundError:
         points = []
+    if unreadable:
+        click.echo(
+            f"la-trainer: warning: {len(unreadable)} line(s) of {folder / METRICS_FILE} are not readable "
+            f"(not UTF-8 JSON; first: line {unreadable[0]}): a damaged file or a torn write; the report "
+            "leaves them out.",
+            err=True,
+        )
     click.echo(f"run {folder}")
     for line in summarize(points):
         click.echo(f"  {line}")

@@ -10,7 +10,7 @@ what the Docker HEALTHCHECK asks (``watch --once``):
 exit code     the run
 ============  ==========================================================================================
 0             running and fresh, or ended with exit code 0 (complete, or stopped by the game)
-1-10          ended with that exit code (README "Exit codes": 8 interrupted, 9 diverged, ...)
+1-10, 13-14 ended with that exit code (README "Exit codes": 8 interrupted, 9 diverged, ...)
 2             also: no status file found under the path
 11            stale: not updated for ``--max-age`` seconds (a live trainer rewrites it every 10 s)
 12            dead: the trainer process is gone without having recorded an end (killed)
@@ -78,10 +78,11 @@ def find_status_files(path: Path) -> list[Path]:
 
 def _pid_alive(pid: int) -> bool:
     """True while the process ``pid`` runs on this machine (POSIX signal 0; on Windows a process handle,
-    never ``os.kill``, which would terminate it there)."""
-    from trainer.system.liveness import process_watch
+    never ``os.kill``, which would terminate it there). One look that closes its handle: ``watch`` asks
+    on every refresh, and the trainer may be younger than ``watch`` (issue 30)."""
+    from trainer.system.liveness import process_alive
 
-    return process_watch(pid)()
+    return process_alive(pid)
 
 
 def judge(

@@ -6,7 +6,7 @@ import re
 
 import torch.distributed as dist
 
-from trainer.errors import Diverged, TrainerError
+from trainer.errors import Diverged, TrainerError, TrainingPeerLost
 from trainer.exitcodes import ExitCode
 
 __all__ = ["RankLost", "ReplicasDiffer", "ScaleOutError", "first_line", "is_collective_failure"]
@@ -39,12 +39,13 @@ class ReplicasDiffer(Diverged):
     exit_code = ExitCode.INTERNAL
 
 
-class RankLost(Diverged):
+class RankLost(TrainingPeerLost):
     """Another rank failed or vanished during training.
 
-    A :class:`Diverged` on purpose: the loop's divergence path is exactly what a lost rank needs (stop now,
-    keep the last good weights, send them and Complete, write the snapshot and checkpoint). Its exit code
-    is replaced by ``PEER_GONE`` in :func:`run_rank`.
+    A :class:`TrainingPeerLost` (a :class:`Diverged`) on purpose: the loop's divergence path is exactly what
+    a lost rank needs (stop now, keep the last good weights, send them and Complete, write the snapshot
+    and checkpoint), and the run records it as a lost rank (phase "rank lost", ``PEER_GONE``), not as a
+    divergence that would send the user to the learning rate.
     """
 
     exit_code = ExitCode.PEER_GONE

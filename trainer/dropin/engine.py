@@ -106,7 +106,8 @@ def engine_main(
             task_dir if task_dir is not None and task_dir.is_dir() else None,
             shared_dir=task_dir.parent if task_dir is not None else None,
         )
-        timeouts = Timeouts.from_env(options.wait)  # reads LA_TRAINER_TIMEOUT_SCALE: refused here too
+        # Reads LA_TRAINER_TIMEOUT_SCALE: refused here too.
+        timeouts = Timeouts.from_env(options.wait, config_wait=options.config_wait)
     except LaunchError as error:
         # Refused before the link opens (the game has sent nothing): the paragraph on stderr, which the
         # engine copies into its log, and in the status file for la-trainer watch.

@@ -27,6 +27,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer.system.liveness import ProcessApi
 
 __all__ = [
     "HANDOVER_LIFETIME_S",
@@ -46,17 +50,24 @@ HANDOVER_LIFETIME_S = 300.0
 """The longest start of the engine's own script this bridges (its Python, torch and its module)."""
 
 
-def rank0_holds(lock_file: Path) -> bool:
-    """True when ``lock_file`` names a live process other than this one (rank 0 holds the block)."""
+def rank0_holds(lock_file: Path, *, platform: str | None = None, api: ProcessApi | None = None) -> bool:
+    """True when ``lock_file`` names a live process other than this one (rank 0 holds the block).
+
+    Rank 0 starts after this pinger, so the check must take a younger process (issue 30: a watch made for
+    the engine took rank 0 for a reused id on Windows, and leaked its handles on every poll): one look
+    that closes its handles, with the file's write time as the reuse guard (rank 0 wrote its id there
+    after it started). ``platform``/``api``: seams for tests (:func:`trainer.system.liveness.process_alive`).
+    """
     try:
         text = lock_file.read_text(encoding="ascii", errors="replace").strip()
+        written = lock_file.stat().st_mtime
     except OSError:
         return False
     if not text.isdigit() or int(text) == os.getpid():
         return False
-    from trainer.system.liveness import process_watch
+    from trainer.system.liveness import process_alive
 
-    return process_watch(int(text))()
+    return process_alive(int(text), started_by=written, platform=platform, api=api)
 
 
 def script_took_over(controls: Sequence[int]) -> bool:

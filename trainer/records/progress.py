@@ -8,7 +8,7 @@ The status file (``<task_dir>/la-trainer-status.msgpack``, msgpack, replaced ato
 moment of a run:
 
 * the phase (:class:`RunPhase`), and once the run has ended, the final phase with the exit code
-  (complete and stopped: 0; interrupted: 8; diverged: 9; failed: the error's code);
+  (complete and stopped: 0; interrupted: 8; diverged: 9; rank lost: 5; failed: the error's code);
 * the last iteration, total, smoothed loss, it/s and ETA, kept through phase changes (a finished run shows
   where it finished, not ``0/3000 loss nan``);
 * the pid and host, so a watcher on the same machine can tell a killed trainer from a live one;
@@ -32,8 +32,9 @@ from typing import TextIO
 
 import msgpack
 
-from trainer.system.atomic import atomic_write
+from trainer.system.atomic import atomic_write, rewrite_in_place
 from trainer.system.console import log, overwrite
+from trainer.system.diskspace import describe_no_space, is_no_space, no_space_cause
 
 __all__ = [
     "HEARTBEAT_S",
@@ -73,6 +74,8 @@ class RunPhase(str, Enum):
     """SIGINT/SIGTERM (exit 8); the state was saved."""
     DIVERGED = "diverged"
     """The loss became NaN/Inf (exit 9); the last good weights were sent."""
+    RANK_LOST = "rank lost"
+    """Scale-out: another training process failed or vanished (exit 5); the last good weights were sent."""
     FAILED = "failed"
     """Any other end; ``exit_code`` and ``message`` say which and why."""
     UNKNOWN = "unknown"
@@ -92,7 +95,14 @@ class RunPhase(str, Enum):
 
 
 _FINAL = frozenset(
-    {RunPhase.COMPLETE, RunPhase.STOPPED, RunPhase.INTERRUPTED, RunPhase.DIVERGED, RunPhase.FAILED}
+    {
+        RunPhase.COMPLETE,
+        RunPhase.STOPPED,
+        RunPhase.INTERRUPTED,
+        RunPhase.DIVERGED,
+        RunPhase.RANK_LOST,
+        RunPhase.FAILED,
+    }
 )
 
 
@@ -134,7 +144,14 @@ def write_status(path: Path, status: Status) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not durable: the file is rewritten every few seconds from the training loop, where an fsync on a
     # busy disk could stall a step, and a status lost in a power cut is rewritten by the next run.
-    atomic_write(path, data, durable=False)
+    try:
+        atomic_write(path, data, durable=False)
+    except OSError as error:
+        # A full disk: the temporary file gets no space, but the file's own page takes the run's end in
+        # place (not atomic, so only the final status: without it watch would call the run killed).
+        if not (RunPhase(status.phase).final and is_no_space(error) and path.is_file()):
+            raise
+        rewrite_in_place(path, data)
 
 
 def read_status(path: Path) -> Status:
@@ -326,4 +343,6 @@ class ProgressReporter:
                 # again (a reader holding the file open on Windows makes a replace fail briefly).
                 if not self._warned:
                     self._warned = True
-                    log(f"la-trainer: warning: cannot write the status file {self.status_path}: {error}")
+                    cause = no_space_cause(error)
+                    why = describe_no_space(cause, self.status_path.parent) if cause is not None else error
+                    log(f"la-trainer: warning: cannot write the status file {self.status_path}: {why}")

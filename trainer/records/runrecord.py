@@ -41,6 +41,7 @@ true when its flow loss is the lowest so far::
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import math
@@ -58,7 +59,8 @@ from protocol.config import TrainerConfig
 from protocol.names import FLOW_MATCHING, CommType
 from trainer.errors import LaunchError
 from trainer.settings.options import TrainerOptions, options_json
-from trainer.system.atomic import atomic_write
+from trainer.system.atomic import atomic_write, rewrite_in_place
+from trainer.system.diskspace import OptionalWrite, is_no_space
 
 if TYPE_CHECKING:
     from trainer.records.trackers import Trackers
@@ -254,8 +256,10 @@ def _iso(stamp: float) -> str:
 
 
 class RunRecord:
-    """The record folder of one run. Every write is best effort: a record must never end a run (a full
-    disk stops the record with one warning, training goes on)."""
+    """The record folder of one run. Every write is best effort: a record must never end a run. A full disk
+    is one warning per outage (:class:`trainer.system.diskspace.OptionalWrite`); each later write tries
+    again (the metrics lines of the outage are lost), and run.json's end is written in place when an
+    atomic write cannot get the space. Any other write error stops the record with one warning."""
 
     def __init__(self, folder: Path, info: dict[str, Any], warn: Any = None) -> None:
         self.folder = folder
@@ -263,6 +267,7 @@ class RunRecord:
         self._metrics: IO[str] | None = None
         self._warn = warn
         self._failed = False
+        self._disk = OptionalWrite("the run record", "at its next line")
 
     @classmethod
     def create(
@@ -320,6 +325,8 @@ class RunRecord:
             self._metrics.flush()
         except OSError as error:
             self._give_up(error)
+            return
+        self._disk.written()
 
     def line(self, row: Mapping[str, Any]) -> None:
         """Append another kind of line to ``metrics.jsonl`` (a held-out measurement: ``{"iteration": N,
@@ -333,6 +340,8 @@ class RunRecord:
             self._metrics.flush()
         except OSError as error:
             self._give_up(error)
+            return
+        self._disk.written()
 
     def note(self, key: str, value: object) -> None:
         """Keep ``value`` under ``key`` in run.json (written with the run's end)."""
@@ -370,42 +379,74 @@ class RunRecord:
             loss=_finite_or_none(loss),
             outputs=[str(p) for p in outputs],
         )
-        self._write(RUN_FILE, json.dumps(self._info, indent=2) + "\n")
+        self._write(RUN_FILE, json.dumps(self._info, indent=2) + "\n", last_word=True)
 
-    def _write(self, name: str, text: str) -> None:
-        self._write_bytes(self.folder / name, text.encode("utf-8"))
+    def _write(self, name: str, text: str, *, last_word: bool = False) -> None:
+        self._write_bytes(self.folder / name, text.encode("utf-8"), last_word=last_word)
 
-    def _write_bytes(self, path: Path, data: bytes) -> bool:
+    def _write_bytes(self, path: Path, data: bytes, *, last_word: bool = False) -> bool:
         if self._failed:
             return False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, data, durable=False)
-            return True
         except OSError as error:
+            # The end of run.json on a full disk: the atomic write's temporary file gets no space, but the
+            # opening run.json's own page takes its last word (without it the run would look killed).
+            if last_word and is_no_space(error) and path.is_file() and _rewritten(path, data):
+                return True
             self._give_up(error)
             return False
+        self._disk.written()
+        return True
 
     def _give_up(self, error: OSError) -> None:
+        if self._metrics is not None and is_no_space(error):
+            # Buffered text that could not be written would be written again at the next flush, in the
+            # middle of a later line: drop it with the handle, and reopen at the next line.
+            with contextlib.suppress(OSError):
+                self._metrics.close()
+            self._metrics = None
+        if self._disk.failed(self.folder, error):
+            return  # warned (once per outage); the next write tries again
         self._failed = True
         if self._warn is not None:
             self._warn(f"warning: the run record in {self.folder} stopped: {error}; training goes on.")
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def _rewritten(path: Path, data: bytes) -> bool:
+    """:func:`rewrite_in_place`, True when it worked."""
+    try:
+        rewrite_in_place(path, data)
+    except OSError:
+        return False
+    return True
+
+
+_REPLACED = chr(0xFFFD)
+"""What a byte that is not UTF-8 reads as (the replacement character; kept out of the source's literals,
+which are ASCII)."""
+
+
+def read_metrics(path: Path, *, unreadable: list[int] | None = None) -> list[dict[str, Any]]:
     """The points of a ``metrics.jsonl`` (a run folder or the file itself); a torn last line (a killed
-    run) is skipped.
+    run) is skipped, and so is any line that is not JSON: bytes that are not UTF-8 (a damaged file, a
+    full disk's torn write) are read as U+FFFD, so they spoil their line only. ``unreadable`` collects
+    the 1-based numbers of the damaged lines skipped (not a torn last line).
 
     Raises:
         FileNotFoundError: no metrics log there.
     """
     file = path / METRICS_FILE if path.is_dir() else path
     points = []
-    with file.open(encoding="utf-8") as handle:
-        for line in handle:
+    with file.open(encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
             try:
                 point = json.loads(line)
             except ValueError:
+                # A killed run's torn last line (no newline) is expected; anything else is damage.
+                if unreadable is not None and line.strip() and (line.endswith("\n") or _REPLACED in line):
+                    unreadable.append(number)
                 continue
             if isinstance(point, dict) and isinstance(point.get("iteration"), int):
                 points.append(point)
@@ -555,13 +596,16 @@ class RunLog:
             self.trackers.close()
 
     def abort(self, error: BaseException) -> None:
-        """The run ends with ``error``: record it as failed with its documented exit code."""
+        """The run ends with ``error``: record it as failed with its documented exit code (as interrupted
+        for a repeated Ctrl-C after the state was saved, exit code 8)."""
         from trainer.errors import exit_code_for
+        from trainer.exitcodes import ExitCode
 
         last = self._last_point
+        code = exit_code_for(error)
         self.finish(
-            phase="failed",
-            exit_code=int(exit_code_for(error)),
+            phase="interrupted" if code is ExitCode.INTERRUPTED else "failed",
+            exit_code=int(code),
             iteration=last.iteration if last is not None else self._last_iteration,
             loss=last.loss if last is not None else math.nan,
         )

@@ -7,8 +7,9 @@ game whose settings are baked in can still be tracked.
 
 Both packages are optional (extras ``tensorboard``, ``mlflow``; ``mlflow-skinny`` is enough for writing):
 when one is asked for but not installed, the trainer says so once and trains on. A tracker that fails
-while training (disk full, an MLflow server gone) is switched off with one warning: a tracker must never
-end a run.
+while training (an MLflow server gone) is switched off with one warning: a tracker must never end a run.
+A full disk is one warning per outage and the tracker is tried again at its next point
+(:class:`trainer.system.diskspace.OptionalWrite`).
 
 Where things go (spec §7.2, the engine's own trainer):
 
@@ -38,6 +39,7 @@ from typing import Any, Protocol
 from protocol.config import TrainerConfig
 from trainer.settings.options import TrainerOptions
 from trainer.system.console import log
+from trainer.system.diskspace import OptionalWrite
 
 __all__ = ["TRACK_EVERY", "Trackers", "tensorboard_runs"]
 
@@ -149,6 +151,7 @@ class Trackers:
 
     def __init__(self, trackers: list[_Tracker]) -> None:
         self._trackers = trackers
+        self._disks = {id(t): OptionalWrite(f"{t.name}'s logs", "at its next point") for t in trackers}
 
     @property
     def names(self) -> list[str]:
@@ -207,11 +210,20 @@ class Trackers:
 
     def _each(self, what: str, call: Any) -> None:
         for tracker in list(self._trackers):
+            disk = self._disks.setdefault(
+                id(tracker), OptionalWrite(f"{tracker.name}'s logs", "at its next point")
+            )
             try:
                 call(tracker)
             except Exception as error:
+                # A full disk: keep the tracker (warned once per outage) and try again at the next point;
+                # anything else switches it off.
+                if disk.failed(getattr(tracker, "folder", Path.cwd()), error):
+                    continue
                 log(f"warning: {tracker.name} failed to log {what} ({error}); training on without it.")
                 self._trackers.remove(tracker)
+                continue
+            disk.written()
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         """Log ``values`` at ``step`` to every tracker; one that fails is dropped with one warning."""

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from protocol.argv import LaunchArgs, SharedMemoryArgs, SocketArgs
 from protocol.errors import ArgvError, ProtocolError
-from trainer.errors import LaunchError, PeerGone, TrainerError, exit_code_for
+from trainer.errors import Interrupted, InterruptedAgain, LaunchError, PeerGone, TrainerError, exit_code_for
 from trainer.exitcodes import ExitCode
 from trainer.settings.options import TrainerOptions
 from trainer.settings.timeouts import Timeouts
@@ -45,15 +45,35 @@ __all__ = [
 
 
 class InterruptFlag:
-    """Set by SIGINT/SIGTERM; the training loop polls it like the engine's Stop signal.
+    """Set by SIGINT/SIGTERM/SIGHUP; the training loop polls it like the engine's Stop signal.
 
-    The first signal asks for a clean stop (finish the step, save, send, Complete); a second SIGINT
-    raises KeyboardInterrupt so a stuck process can still be killed from a terminal.
+    One rule for every run, served or not (README "Exit codes"):
+
+    * The first signal asks for a clean stop: finish the step, save, send, Complete; exit 8. SIGHUP (the
+      terminal closed) is SIGTERM's twin. While no game is connected there is nothing to save: the
+      trainer stops, exit 0 (``no_game``, set once the link is open).
+    * A repeated SIGTERM/SIGHUP changes nothing (the stop is under way).
+    * A second SIGINT before the state is saved is held until the save is over (:meth:`save_ended`),
+      then the trainer stops at once without sending: exit 8, the state is saved. A third SIGINT (a stuck
+      process) stops it at once: exit 13 (NOT_SAVED) when the save had not ended, so that 8 always means
+      "saved". A second SIGINT after the save stops it at once, exit 8.
+    * Once the run has ended after a signal, further signals are ignored while the process exits: its
+      state is saved, and a late SIGTERM must not turn exit 8 into a kill (143).
     """
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.signal_name = ""
+        self.no_game: Callable[[], bool] = lambda: False
+        """True while no game is connected (set once the link is open, :func:`_no_game`): a signal then
+        has no step to finish and nothing to save, and its line says so."""
+        self.state_saved = False
+        """This run's final save ended with its state on disk (:meth:`save_ended`); a server clears it
+        for each session."""
+        self._held = False
+        """A second SIGINT waits for the save (:meth:`save_ended`)."""
+        self._signalled = False
+        self._repeat_said = False
 
     def is_set(self) -> bool:
         return self._event.is_set()
@@ -61,6 +81,15 @@ class InterruptFlag:
     def set(self, name: str = "request") -> None:
         self.signal_name = name
         self._event.set()
+
+    def save_ended(self, saved: bool) -> None:
+        """The story's final save (snapshot and checkpoint) is over; ``saved``: the state is on disk. A
+        second SIGINT held for it stops the trainer now (:class:`trainer.errors.InterruptedAgain`)."""
+        self.state_saved = saved
+        if self._held:
+            self._held = False
+            log("la-trainer: the state is saved; stopping now, as the second Ctrl-C asked, without sending.")
+            raise InterruptedAgain(saved=saved)
 
     @contextmanager
     def installed(self) -> Iterator[InterruptFlag]:
@@ -70,18 +99,52 @@ class InterruptFlag:
 
         def handler(signum: int, frame: FrameType | None) -> None:
             name = signal.Signals(signum).name
-            if self.is_set() and signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            self.set(name)
-            # A handler's exception would surface wherever the main thread happens to be: never raise.
-            log(f"la-trainer: {name} received: finishing the current step, saving and stopping.")
+            # A handler's exception surfaces wherever the main thread happens to be: only a repeated
+            # SIGINT raises, and only where the rules above say the trainer stops at once.
+            if not self.is_set():
+                self._signalled = True
+                self.set(name)
+                if self.no_game():
+                    log(f"la-trainer: {name} received while no game is connected: stopping.")
+                else:
+                    log(f"la-trainer: {name} received: finishing the current step, saving and stopping.")
+                return
+            if signum != signal.SIGINT:
+                if not self._repeat_said:  # once: a supervisor may send a storm of them
+                    self._repeat_said = True
+                    log(f"la-trainer: {name} received again: the trainer is already stopping.")
+                return
+            if self.state_saved or self._held or self.no_game():
+                raise InterruptedAgain(saved=self.state_saved)
+            self._held = True
+            log(
+                "la-trainer: SIGINT again: stopping as soon as the state is saved (seconds); Ctrl-C once more "
+                "stops at once, without saving it."
+            )
 
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, handler) for sig in _STOP_SIGNALS}
         try:
             yield self
         finally:
             for sig, old in previous.items():
-                signal.signal(sig, old)
+                # After a signal the process is on its way out with its state saved: a late signal must
+                # not kill it (143) before it exits with its code, nor interrupt its cleanup.
+                signal.signal(sig, signal.SIG_IGN if self._signalled else old)
+
+
+_STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    sig for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig is not None
+)
+"""SIGINT (Ctrl-C), SIGTERM (docker stop, systemd, kill) and, where it exists, SIGHUP (the terminal or
+SSH session closed), all a request to stop cleanly."""
+
+
+def _no_game(link: TrainerLink) -> Callable[[], bool]:
+    """Whether no game is connected to ``link`` yet: a link that waits for games (:class:`ServingLink`:
+    attach-mode shared memory, the socket) before one came in; never for the others (offline, spawned)."""
+    if isinstance(link, ServingLink):
+        return lambda: not link.in_session
+    return lambda: False
 
 
 def record_failure(
@@ -157,6 +220,7 @@ def run_with_link(
             # ping while torch loads: the engine posts its config and starts its 10 s wait at once
             # (spec §2.4), and importing torch can take longer than that on a loaded machine.
             link = open_link(flag)
+            flag.no_game = _no_game(link)
             from trainer.session.links import KeepAlive
 
             with KeepAlive(link, timeouts.ping_interval):
@@ -165,12 +229,17 @@ def run_with_link(
                 return int(training(link, flag))
             result = run_training(link, options=options, task_dir=task_dir, interrupt=flag, timeouts=timeouts)
             return int(result)
-    except KeyboardInterrupt:
-        log_error("la-trainer: interrupted.")
-        return int(ExitCode.INTERRUPTED)
+    except KeyboardInterrupt as error:
+        if flag.no_game():
+            return _stopped_without_a_game(flag, task_dir, options)
+        return _interrupted_again(error, task_dir, options)
     except BaseException as error:
         if isinstance(error, passthrough):
             raise  # not a failure: the caller's (the link is closed below)
+        if isinstance(error, Interrupted) and flag.no_game():
+            # Stopped while it waited for a game, as a server stopped between games: nothing was trained,
+            # so there is nothing to save and nothing interrupted (exit 0, README "Exit codes").
+            return _stopped_without_a_game(flag, task_dir, options)
         if isinstance(error, BrokenPipeError):
             # Sockets turn their EPIPE into PeerGone, so this one is our own stdout/stderr: the engine
             # that reads them (spec §1.1) is gone. Nothing can be printed any more.
@@ -187,6 +256,38 @@ def run_with_link(
         _close_link(link)
 
 
+def _stopped_without_a_game(flag: InterruptFlag, task_dir: Path | None, options: TrainerOptions) -> int:
+    """A signal while no game was connected: nothing to save, exit 0, the status file says "stopped"."""
+    line = (
+        f"la-trainer: {flag.signal_name or 'a signal'} stopped the trainer while no game was connected; "
+        "nothing to save."
+    )
+    record_failure(task_dir, options, line, int(ExitCode.OK), phase="stopped")
+    log(line)
+    return int(ExitCode.OK)
+
+
+def _interrupted_again(error: KeyboardInterrupt, task_dir: Path | None, options: TrainerOptions) -> int:
+    """A repeated Ctrl-C ended the run (:class:`InterruptFlag`): exit 8 when the state was saved, 13
+    (NOT_SAVED) when it was not, with the status file saying which."""
+    if not isinstance(error, InterruptedAgain):  # not our handler's (a default one, a relay's)
+        log_error("la-trainer: interrupted.")
+        return int(ExitCode.INTERRUPTED)
+    code = int(exit_code_for(error))
+    if code == ExitCode.INTERRUPTED:
+        line = "la-trainer: interrupted; the state was saved (--resume continues from it)."
+        phase = "interrupted"
+    else:
+        line = (
+            "la-trainer: interrupted again before the state was saved: this run's last steps are not in "
+            "its checkpoint (--resume continues from the one before, if any)."
+        )
+        phase = "failed"
+    record_failure(task_dir, options, line, code, phase=phase)
+    log_error(line)
+    return code
+
+
 def _close_link(link: TrainerLink | None) -> None:
     """Closes a run's link on the way out: a failure to clean up is a warning, never the run's outcome
     (which is already decided by then)."""
@@ -198,6 +299,7 @@ def _close_link(link: TrainerLink | None) -> None:
         log_error(f"la-trainer: warning: cleanup failed: {error}")
 
 
+@runtime_checkable
 class ServingLink(Protocol):
     """What :func:`serve_sessions` needs beyond :class:`~trainer.session.links.TrainerLink` (the attach-mode
     shared-memory link and the socket link)."""
@@ -219,6 +321,7 @@ def serve_sessions(
     task_dir_for: Callable[[int], Path | None],
     timeouts: Timeouts | None = None,
     say: Callable[[str], None] | None = None,
+    config_first: bool = False,
 ) -> int:
     """Serve one game session after another on one link (``la-trainer socket``, ``la-trainer shm --create
     --serve``): an editor restarted after a crash, or PIE started again, finds the trainer still there.
@@ -229,23 +332,31 @@ def serve_sessions(
     them (``next_session``). It ends on SIGINT/SIGTERM, with exit code 0 when the signal came while no
     game was there and the interrupted session's code (8) otherwise, or on an error that is not a
     session's (a bug: exit 1, the port lost: exit 2). The link (and what it created) is always closed.
+    ``config_first``: ``task_dir_for`` is called once the game's config is in (the socket server: a
+    connection that sends none makes no folder, issue 30); the wait for it is the session's, as above.
     """
     timeouts = timeouts if timeouts is not None else Timeouts.from_env(options.wait)
     emit = say or log
     flag = InterruptFlag()
     link: TrainerLink | None = None
     session = 0
+    task_dir: Path | None = None
     try:
         with flag.installed():
             link = open_link(flag)
+            flag.no_game = _no_game(link)
             from trainer.session.links import KeepAlive
 
             with KeepAlive(link, timeouts.ping_interval):
                 from trainer.session.run import run_training
             while True:
-                task_dir = task_dir_for(session)
+                task_dir = None
                 serving: ServingLink = link  # type: ignore[assignment]
+                flag.state_saved = False  # this session's state: not saved yet
                 try:
+                    if config_first:
+                        link.receive_config()  # kept by the link: run_training's call returns it
+                    task_dir = task_dir_for(session)
                     code = int(
                         run_training(
                             link, options=options, task_dir=task_dir, interrupt=flag, timeouts=timeouts
@@ -278,9 +389,13 @@ def serve_sessions(
                     "(SIGINT/SIGTERM stop the server)."
                 )
                 serving.next_session()
-    except KeyboardInterrupt:
-        log_error("la-trainer: interrupted.")
-        return int(ExitCode.INTERRUPTED)
+    except KeyboardInterrupt as error:
+        if flag.no_game():
+            emit(
+                f"la-trainer: {flag.signal_name or 'signal'} received while no game was connected: server stopped."
+            )
+            return int(ExitCode.OK)
+        return _interrupted_again(error, task_dir, options)
     except BaseException as error:
         if isinstance(error, BrokenPipeError):
             silence_output()

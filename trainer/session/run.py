@@ -28,7 +28,7 @@ from protocol.nne.layers import Layer
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import Snapshot, read_snapshot, snapshot_with_model, write_snapshot
 from trainer import __version__
-from trainer.errors import BadData, Diverged, PeerGone, Unsupported, WaitTimeout
+from trainer.errors import BadData, Diverged, PeerGone, TrainingPeerLost, Unsupported, WaitTimeout
 from trainer.exitcodes import ExitCode
 from trainer.records.progress import STATUS_FILE_NAME, ProgressReporter, RunPhase
 from trainer.records.runrecord import RunLog, run_name, task_name_of
@@ -162,7 +162,10 @@ class LoopEnd(Enum):
     INTERRUPTED = "interrupted"
     """SIGINT/SIGTERM: finish as usual (networks, Complete), exit code INTERRUPTED."""
     DIVERGED = "diverged"
-    """Non-finite loss (or a lost scale-out rank): the last good weights go back, exit code DIVERGED."""
+    """Non-finite loss: the last good weights go back, exit code DIVERGED."""
+    RANK_LOST = "a scale-out training process was lost"
+    """Another rank failed or vanished (:class:`trainer.errors.TrainingPeerLost`): ends as DIVERGED does,
+    recorded as what it is, exit code PEER_GONE (the game's side of it is the same: that job's peer is gone)."""
 
     @property
     def exit_code(self) -> ExitCode:
@@ -170,6 +173,8 @@ class LoopEnd(Enum):
             return ExitCode.INTERRUPTED
         if self is LoopEnd.DIVERGED:
             return ExitCode.DIVERGED
+        if self is LoopEnd.RANK_LOST:
+            return ExitCode.PEER_GONE
         return ExitCode.OK
 
     @property
@@ -180,6 +185,7 @@ class LoopEnd(Enum):
             LoopEnd.STOPPED: RunPhase.STOPPED,
             LoopEnd.INTERRUPTED: RunPhase.INTERRUPTED,
             LoopEnd.DIVERGED: RunPhase.DIVERGED,
+            LoopEnd.RANK_LOST: RunPhase.RANK_LOST,
         }[self]
 
 
@@ -199,7 +205,8 @@ def run_training(
     prepare_job: Callable[[TrainingJob], TrainingJob] | None = None,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
 ) -> ExitCode:
-    """The whole run. Returns OK, INTERRUPTED or DIVERGED; raises on every other failure.
+    """The whole run. Returns OK, INTERRUPTED, DIVERGED or PEER_GONE (a lost scale-out rank); raises on
+    every other failure.
 
     ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
     it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`). ``timeouts``:
@@ -290,7 +297,7 @@ def _story(
     # 5. Train: step, report, sync, snapshot; stop when asked.
     end, iteration = _train(run, interrupt)
     # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
-    return _finish(run, end, iteration, timeouts)
+    return _finish(run, end, iteration, timeouts, interrupt)
 
 
 def _receive_config(link: TrainerLink, reporter: ProgressReporter) -> SessionConfig:
@@ -542,7 +549,7 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
         behind.finish(end)
     except Diverged as error:
         log(f"la-trainer: {error}. Sending the last good weights.")
-        end = LoopEnd.DIVERGED
+        end = LoopEnd.RANK_LOST if isinstance(error, TrainingPeerLost) else LoopEnd.DIVERGED
         if error.iteration is not None and job.start_iteration <= error.iteration < iteration:
             iteration = error.iteration  # the weights kept are those after this many steps
     except StopRequested:
@@ -570,12 +577,14 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
     return end, iteration
 
 
-def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> ExitCode:
+def _finish(
+    run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts, interrupt: InterruptLike | None = None
+) -> ExitCode:
     """Section 6: the final networks (the held-out best with ``heldout_send_best``), their snapshot and
     checkpoint, then, unless the game asked to stop, the last sync round and Complete (spec §7.2 step 5)
     and the wait for the engine to take them."""
     job, reporter, writer = run.job, run.reporter, run.writer
-    run.heldout.at_end(iteration, diverged=end is LoopEnd.DIVERGED)
+    run.heldout.at_end(iteration, diverged=end in (LoopEnd.DIVERGED, LoopEnd.RANK_LOST))
     reporter.update(iteration, job.smoothed_loss, force=True)
     reporter.phase(RunPhase.FINISHING)
     final = encode_networks(run.received, run.heldout.final_networks(job.export()))
@@ -586,6 +595,7 @@ def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> Exit
         if writer is not None:
             writer.write(iteration, final)
         job.maybe_checkpoint(iteration, force=True)
+        _save_ended(interrupt, saved=not job.checkpoint_failed)
         _record_end(run, end, iteration, kept)
         reporter.finish(
             end.phase, end.exit_code, f"la-trainer: stopped at iteration {iteration}: {end.value}."
@@ -597,6 +607,7 @@ def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> Exit
         if writer is not None:
             writer.write(iteration, final)
         job.maybe_checkpoint(iteration, force=True)
+    _save_ended(interrupt, saved=not job.checkpoint_failed)
     run.sync.send(final)
     run.link.send_complete()
     reporter.syncs = run.sync.rounds
@@ -606,6 +617,15 @@ def _finish(run: _Run, end: LoopEnd, iteration: int, timeouts: Timeouts) -> Exit
     reporter.finish(end.phase, end.exit_code, f"la-trainer: {ending} after {iteration} iterations{rounds}.")
     run.link.finish(timeouts.wait)  # offline: names the network files it wrote
     return end.exit_code
+
+
+def _save_ended(interrupt: InterruptLike | None, *, saved: bool) -> None:
+    """Tell the process's signal handling that the final save is over (``saved``: the state is on disk):
+    a second Ctrl-C that waited for it stops the trainer now (:meth:`trainer.session.app.InterruptFlag.
+    save_ended`; other interrupt flags, scale-out's, have no such wait)."""
+    ended = getattr(interrupt, "save_ended", None)
+    if ended is not None:
+        ended(saved)
 
 
 def _record_end(run: _Run, end: LoopEnd, iteration: int, kept: list[Path]) -> None:

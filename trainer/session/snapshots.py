@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from protocol.config import SessionConfig
 from trainer.settings.options import TrainerOptions
-from trainer.system.atomic import atomic_write
+from trainer.system.atomic import atomic_write_all
+from trainer.system.diskspace import OptionalWrite
 
 __all__ = ["SnapshotWriter", "safe_file_name"]
 
@@ -32,6 +33,7 @@ class SnapshotWriter:
 
     folder: Path
     names: Mapping[int, str]
+    disk: OptionalWrite = field(default_factory=lambda: OptionalWrite("snapshots", "at the next snapshot"))
 
     @classmethod
     def for_run(
@@ -52,11 +54,16 @@ class SnapshotWriter:
         return self.folder / f"{self.names[network_id]}_{iteration}.bin"
 
     def write(self, iteration: int, blobs: Mapping[int, bytes]) -> list[Path]:
-        """Write each network's snapshot bytes for ``iteration`` atomically; returns the paths in id order."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for network_id, data in sorted(blobs.items()):
-            path = self.path(network_id, iteration)
-            atomic_write(path, data)
-            paths.append(path)
-        return paths
+        """Write each network's snapshot bytes for ``iteration`` atomically, as one set; returns the paths in
+        id order. A full disk writes none of them (no snapshot of that iteration, not part of one) and is a
+        warning, once per outage (:class:`trainer.system.diskspace.OptionalWrite`): returns []."""
+        files = {self.path(network_id, iteration): data for network_id, data in sorted(blobs.items())}
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_all(files)
+        except OSError as error:
+            if not self.disk.failed(self.folder, error):
+                raise
+            return []
+        self.disk.written()
+        return list(files)

@@ -37,11 +37,12 @@ from typing import Any
 from trainer.errors import LaunchError
 from trainer.settings.environment import ENV_PREFIX, NOT_OPTIONS
 from trainer.settings.time_density import TimeDensity
-from trainer.settings.timeouts import DEFAULT_WAIT_S
+from trainer.settings.timeouts import DEFAULT_CONFIG_WAIT_S, DEFAULT_WAIT_S
 from trainer.system.console import warn as console_warn
 
 __all__ = [
     "ALIASES",
+    "MAX_THREADS",
     "SETTINGS_FILE_NAME",
     "OptionError",
     "TrainerOptions",
@@ -103,6 +104,11 @@ def _between(low: float, high: float) -> Callable[[Any], bool]:
 
 
 _DEVICE = re.compile(r"^(|cpu|gpu|cuda|cuda:\d+)$", re.IGNORECASE)
+
+MAX_THREADS = 1024
+"""Largest ``threads`` option: more than the largest machines' cores (2 x 192 with SMT is 768). torch hands
+the count to OpenMP unchecked, and OpenMP crashed the process (exit 139) when it could not start 100,000
+threads, so a count this large is a mistake, refused with the option's message (exit 2)."""
 
 
 def _mlflow_ok(text: str) -> bool:
@@ -173,7 +179,12 @@ class TrainerOptions:
     )
     """torch.compile the fused training step: on | off (trainer/training/steps/compiled.py). Needs a C++ compiler
     (CPU) or Triton (CUDA) and a few seconds to compile; measured no faster on a 2-core CPU."""
-    threads: int = _option(0, "a whole number >= 0 (0: choose automatically)", _at_least(0))
+    threads: int = _option(
+        0,
+        f"a whole number >= 0 and at most {MAX_THREADS} (0: choose automatically); more threads than the machine "
+        "has cores only slow training, and OpenMP crashes the process when it cannot start that many",
+        _between(0, MAX_THREADS),
+    )
     """torch intra-op threads (0: choose automatically, 1 for small networks)."""
     device: str = _option(
         "",
@@ -196,6 +207,12 @@ class TrainerOptions:
     """Bound of a wait that cannot see whether the game is alive: attach mode (``-c``), a socket listener
     nobody has connected to (0: wait forever). Waits on a game the trainer can see (spawned by it, a
     connected socket) have no bound (trainer.settings.timeouts, docs/unreal-install.md "Waits")."""
+    config_wait: float = _option(
+        DEFAULT_CONFIG_WAIT_S, "a number of seconds >= 0 (0: no bound)", _at_least(0)
+    )
+    """Socket: bound from a connection's first byte to its complete config message; one that misses it is
+    closed while other connections are served (0: no bound). A connection that has sent nothing is not
+    timed (trainer.settings.timeouts, trainer.session.links.socket)."""
     run_record: bool = _option(True, "true or false")
     """Keep a run folder ``<task_dir>/runs/<run name>`` with the effective options, the engine's settings,
     a metrics log and the final networks (:mod:`trainer.records.runrecord`)."""

@@ -15,6 +15,11 @@ Only where liveness cannot be seen is a wait bounded, by :attr:`Timeouts.wait`, 
 starts: attach mode (``-c``: we created the control block, nothing tells a dead game from a slow one) and
 a listener nobody has connected to yet (``la-trainer socket``). The bound comes from ``--wait SECONDS``,
 ``la-trainer.json`` ``"wait"`` or ``LA_TRAINER_WAIT`` (0 = forever).
+
+A socket connection is a game only once its config has come: until then it is one of several pending
+connections (:class:`trainer.session.links.socket.SocketTrainerLink`), and one that has begun its config message
+must finish it within :attr:`Timeouts.config_wait` (``--config-wait``, ``"config_wait"``,
+``LA_TRAINER_CONFIG_WAIT``; 0 = no bound), so a peer that trickles bytes is closed instead of held.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from trainer.settings.environment import ENV_TIMEOUT_SCALE, environment_number
 
-__all__ = ["DEFAULT_WAIT_S", "WAIT_ADVICE", "Timeouts"]
+__all__ = ["CONFIG_WAIT_ADVICE", "DEFAULT_CONFIG_WAIT_S", "DEFAULT_WAIT_S", "WAIT_ADVICE", "Timeouts"]
 
 DEFAULT_WAIT_S = 600.0
 """Default bound of a wait whose peer's liveness cannot be seen (seconds). Long enough to start an editor
@@ -33,6 +38,20 @@ left waiting costs an idle process, and it writes its checkpoint before it gives
 
 WAIT_ADVICE = 'change it with --wait SECONDS, "wait" in la-trainer.json or LA_TRAINER_WAIT (0: no bound)'
 """How to change the bound; every announcement and timeout message ends with it."""
+
+DEFAULT_CONFIG_WAIT_S = 60.0
+"""Default bound from a socket connection's first byte to its complete config message (seconds). The
+clock starts at the first byte, not at the connection: a game connects when its communicator is made and
+sends its config when it begins training, which may be many minutes later (spec §1.3, §3), and that
+silence never counts. Once begun, the engine writes the whole config back to back (signal, length,
+kilobytes of JSON): milliseconds on a LAN, under a second for a megabyte at 10 Mbit/s, so 60 s cuts off
+only a peer that trickles (issue 30 measured one byte a second) while costing a real game nothing."""
+
+CONFIG_WAIT_ADVICE = (
+    'change it with --config-wait SECONDS, "config_wait" in la-trainer.json or LA_TRAINER_CONFIG_WAIT '
+    "(0: no bound)"
+)
+"""How to change :attr:`Timeouts.config_wait`; its announcement and every connection it closes say so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +76,18 @@ class Timeouts:
     round finishes, so the engine is not left blocked in ReceiveNetwork, spec §7.1); then it gives up,
     so a paused or stuck game never keeps a signalled trainer alive. The engine's own wait is 10 s."""
 
+    config_wait: float = DEFAULT_CONFIG_WAIT_S
+    """Bound from a socket connection's first byte to its complete config message; a connection that
+    misses it is closed and the others are still served (``math.inf``: no bound). A connection that has
+    sent nothing is not bounded by it: it may be a game that has not begun training yet."""
+
     def __post_init__(self) -> None:
         if not self.wait > 0:
             raise ValueError(f"Timeouts.wait must be > 0 seconds or math.inf, got {self.wait!r}")
+        if not self.config_wait > 0:
+            raise ValueError(
+                f"Timeouts.config_wait must be > 0 seconds or math.inf, got {self.config_wait!r}"
+            )
 
     def bound(self, liveness_visible: bool) -> float:
         """The bound of one wait: none (``math.inf``) when the game's liveness can be seen, else
@@ -67,12 +95,17 @@ class Timeouts:
         return math.inf if liveness_visible else self.wait
 
     @classmethod
-    def from_env(cls, wait: float | None = None) -> Timeouts:
-        """Defaults with the ``wait`` option (seconds, 0 = no bound; None: :data:`DEFAULT_WAIT_S`), the
-        bound then scaled by ``LA_TRAINER_TIMEOUT_SCALE`` (tests: a small scale makes it fail fast)."""
+    def from_env(cls, wait: float | None = None, *, config_wait: float | None = None) -> Timeouts:
+        """Defaults with the ``wait`` option (seconds, 0 = no bound; None: :data:`DEFAULT_WAIT_S`) and the
+        ``config_wait`` option (the same form; None: :data:`DEFAULT_CONFIG_WAIT_S`), both bounds then
+        scaled by ``LA_TRAINER_TIMEOUT_SCALE`` (tests: a small scale makes them fail fast)."""
         if wait is not None and (math.isnan(wait) or wait < 0):
             raise ValueError(f"wait must be >= 0 seconds (0: no bound), got {wait!r}")
+        if config_wait is not None and (math.isnan(config_wait) or config_wait < 0):
+            raise ValueError(f"config_wait must be >= 0 seconds (0: no bound), got {config_wait!r}")
         base = cls() if wait is None else cls(wait=math.inf if wait == 0 else float(wait))
+        if config_wait is not None:
+            base = replace(base, config_wait=math.inf if config_wait == 0 else float(config_wait))
         scale = environment_number(
             ENV_TIMEOUT_SCALE,
             1.0,
@@ -81,4 +114,4 @@ class Timeouts:
         )
         if scale == 1.0:
             return base
-        return replace(base, wait=base.wait * scale)
+        return replace(base, wait=base.wait * scale, config_wait=base.config_wait * scale)

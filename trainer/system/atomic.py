@@ -29,7 +29,7 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,8 +37,10 @@ __all__ = [
     "REPLACE_RETRY_S",
     "atomic_file",
     "atomic_write",
+    "atomic_write_all",
     "fsync_directory",
     "replace_file",
+    "rewrite_in_place",
     "stale_temp_files",
 ]
 
@@ -104,6 +106,35 @@ def atomic_write(
     """Replace ``path`` with ``data`` (see :func:`atomic_file`)."""
     with atomic_file(path, durable=durable) as handle:
         handle.write(data)
+
+
+def atomic_write_all(files: Mapping[Path, bytes | bytearray | memoryview], *, durable: bool = True) -> None:
+    """Replace several files as one set (a snapshot's networks, an offline run's outputs): every file is
+    written (and fsynced) to its temporary file first and only then are they renamed, so a failed write (a
+    full disk) replaces none of them and a reader never finds a set that mixes two versions. (A crash
+    between two of the renames still can; each file is whole either way.)"""
+    with contextlib.ExitStack() as stack:
+        for path, data in files.items():
+            handle = stack.enter_context(atomic_file(path, durable=durable))
+            handle.write(data)
+            handle.flush()  # here, not in the renames: a full disk must fail before any file is replaced
+            if durable:
+                os.fsync(handle.fileno())
+
+
+def rewrite_in_place(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
+    """Overwrite the existing file ``path`` with ``data`` in place: NOT atomic (a reader may see it half
+    written, a crash may tear it). Only for the last word of a small file on a full disk, where an atomic
+    write cannot get the space for its temporary file but the file's own blocks can take a page of text
+    (the status file's and run.json's end: without it a finished run would look killed).
+
+    Raises:
+        OSError: the file does not exist, or the write failed.
+    """
+    with open(path, "r+b") as handle:
+        handle.write(data)
+        handle.truncate()
+        handle.flush()
 
 
 def replace_file(

@@ -15,6 +15,20 @@ item 6), and the engine's own trainers wait for it without a bound. What proves 
   ``sys._base_executable``) its parent, the editor, is watched too; the launcher outlives a crashed
   editor. [INF: launcher behaviour of CPython 3.7.2+ venvs on Windows; not run on Windows here.]
 
+**One rule for a failed Windows call** (here and in the attach-mode watch of
+:mod:`trainer.session.transport.mappers`): a call that fails tells nothing, so it never judges a process gone.
+A process is gone only on a definite answer: ``OpenProcess`` says no process has the id
+(``ERROR_INVALID_PARAMETER``), ``WaitForSingleObject`` says the handle is signalled (``WAIT_OBJECT_0``),
+or a creation time that was read is later than the process we mean can have (the id was reused). A
+``GetProcessTimes`` that fails gives no creation time (no reuse judgement); a ``WaitForSingleObject``
+that fails (``WAIT_FAILED``) counts as "still running"; a process that refuses a handle is still there.
+(Issue 22: a failed ``GetProcessTimes`` made every engine-spawned run judge its live engine dead.)
+
+Two kinds of look: a *watch* (:func:`parent_watch`, :func:`process_watch`) opens its handles once and
+keeps them for the run, for a process that started before this one (the engine); :func:`process_alive`
+is one look that closes every handle it opened, for a caller that asks again and again about a process
+that may be younger than itself (the pinger looking for scale-out rank 0, ``la-trainer watch``).
+
 The Windows calls sit behind :class:`Win32Processes` (a small seam) so their logic is unit-tested on any
 platform with a fake (``tests/trainer/test_liveness.py``); :class:`Win32Processes` itself makes every call
 through the declared prototypes of :mod:`trainer.system.win32`, and is tested on Linux through a fake
@@ -36,11 +50,17 @@ __all__ = [
     "ProcessApi",
     "Win32Processes",
     "parent_watch",
+    "process_alive",
     "process_watch",
 ]
 
 _LAUNCHER_DEPTH = 2
 """Processes watched at most: the parent and, when the parent is the venv launcher, its parent."""
+
+_FILETIME_UNIX_EPOCH = 116_444_736_000_000_000
+"""1970-01-01 in FILETIME ticks (100 ns since 1601-01-01), to compare a creation time with a file time."""
+_STARTED_BY_SLACK_S = 2.0
+"""Allowance when a creation time is compared with a file's modification time: FAT keeps those to 2 s."""
 
 
 class ProcessApi(Protocol):
@@ -52,15 +72,17 @@ class ProcessApi(Protocol):
         ...
 
     def creation_time(self, handle: int) -> int:
-        """The process's creation time (FILETIME ticks)."""
+        """The process's creation time (FILETIME ticks); 0 when it cannot be read (the rule above: no
+        reuse judgement then)."""
         ...
 
     def own_creation_time(self) -> int:
-        """This process's creation time (FILETIME ticks)."""
+        """This process's creation time (FILETIME ticks); 0 when it cannot be read."""
         ...
 
     def exited(self, handle: int) -> bool:
-        """True once the process has exited (its handle is signalled)."""
+        """True once the process has exited (its handle is signalled); False while it runs and when the
+        wait fails (the rule above: a failed call never judges a process gone)."""
         ...
 
     def image_path(self, handle: int) -> str:
@@ -93,11 +115,44 @@ def parent_watch(
 def process_watch(
     pid: int, *, platform: str | None = None, api: ProcessApi | None = None, executable: str | None = None
 ) -> Callable[[], bool]:
-    """A liveness check for the process ``pid`` (e.g. the engine of a scale-out job, whose ranks are
-    torchrun's children): True while it runs."""
+    """A liveness check for the process ``pid`` that started before this one (e.g. the engine of a
+    scale-out job, whose ranks are torchrun's children): True while it runs. On Windows it holds its
+    handles for as long as it is kept; a process created after this one is taken for a reused id. For a
+    process that may be younger, or a question asked again and again, use :func:`process_alive`."""
     if (platform or sys.platform) != "win32":
         return lambda: _posix_process_alive(pid)
     return _windows_watch(pid, api or Win32Processes(), executable or sys.executable)
+
+
+def process_alive(
+    pid: int, *, started_by: float | None = None, platform: str | None = None, api: ProcessApi | None = None
+) -> bool:
+    """One look at the process ``pid``: True while it runs. On Windows every handle it opens is closed
+    before it returns, so a caller that polls holds none, and the process may be younger than this one.
+
+    ``started_by``: a wall-clock time (``time.time()`` seconds) by which the process we mean had started,
+    e.g. the moment it wrote the file that gave us its id; a process with that id created later is
+    another one (the id was reused). None: no such check. Failed calls follow the module's rule.
+    """
+    if (platform or sys.platform) != "win32":
+        return _posix_process_alive(pid)
+    api = api or Win32Processes()
+    try:
+        handle = api.open(pid)
+    except OSError:
+        return True  # it exists but grants no handle: still there
+    if handle is None:
+        return False
+    try:
+        if api.exited(handle):
+            return False
+        if started_by is None:
+            return True
+        created = api.creation_time(handle)
+        latest = _FILETIME_UNIX_EPOCH + int((started_by + _STARTED_BY_SLACK_S) * 10_000_000)
+        return not (created and created > latest)
+    finally:
+        api.close(handle)
 
 
 def _posix_process_alive(pid: int) -> bool:
@@ -127,8 +182,14 @@ def _windows_watch(pid: int, api: ProcessApi, executable: str) -> Callable[[], b
             return (
                 functools.partial(_exists, api, current) if not handles else _any_exited_is_dead(api, handles)
             )
-        if handle is None or api.creation_time(handle) > own_start or api.exited(handle):
+        created = api.creation_time(handle) if handle is not None else 0
+        if handle is None or (created and own_start and created > own_start) or api.exited(handle):
             # Gone before we looked, or the id already belongs to a newer process: the engine is gone.
+            # (A creation time that could not be read, ours or its, is 0: no judgement, the module's rule.)
+            if handle is not None:
+                api.close(handle)
+            for held in handles:
+                api.close(held)
             return lambda: False
         handles.append(handle)
         if not _is_venv_launcher(api.image_path(handle), executable):
@@ -173,6 +234,7 @@ class Win32Processes:
 
     SYNCHRONIZE = 0x00100000
     PROCESS_QUERY_LIMITED_INFORMATION = 0x1000
+    WAIT_OBJECT_0 = 0x0
     WAIT_TIMEOUT = 0x102
     TH32CS_SNAPPROCESS = 0x2
     IMAGE_PATH_CHARS = 32768
@@ -206,7 +268,9 @@ class Win32Processes:
         return self._times(self._k32.GetCurrentProcess())
 
     def exited(self, handle: int) -> bool:
-        return bool(self._k32.WaitForSingleObject(handle, 0) != self.WAIT_TIMEOUT)
+        # Only WAIT_OBJECT_0 says it has exited; WAIT_FAILED (0xFFFFFFFF: a handle without SYNCHRONIZE,
+        # an invalid one) tells nothing, and the module's rule counts that as running.
+        return bool(self._k32.WaitForSingleObject(handle, 0) == self.WAIT_OBJECT_0)
 
     def image_path(self, handle: int) -> str:
         size = win32.DWORD(self.IMAGE_PATH_CHARS)

@@ -42,8 +42,10 @@ from trainer.errors import LaunchError
 
 __all__ = [
     "LOCK_OFFSET",
+    "OUTPUT_LOCK_NAME",
     "PID_FIELD",
     "ControlBlockLock",
+    "OutputFolderLock",
     "PlatformLocks",
     "PosixLocks",
     "WindowsLocks",
@@ -56,6 +58,8 @@ _ATTEMPTS = 100
 PID_FIELD = 20
 """Bytes at the start of the file that hold the owner's process id, space-padded: every write covers what
 an earlier owner wrote, so no truncation is needed."""
+OUTPUT_LOCK_NAME = ".la-trainer-run.lock"
+"""The lock file of an output folder (:class:`OutputFolderLock`), inside it."""
 LOCK_OFFSET = 1 << 30
 """The byte ``msvcrt.locking`` locks on Windows: far past :data:`PID_FIELD` and past any read of this
 small file (a reader's request that reached a locked byte would fail)."""
@@ -157,21 +161,7 @@ class ControlBlockLock:
         self.path = lock_path(guid_string, folder)
         self._locks = locks if locks is not None else platform_locks()
         self._fd: int | None = None
-        for _ in range(_ATTEMPTS):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                locked = self._locks.try_lock(fd)
-            except BaseException:
-                os.close(fd)
-                raise
-            if locked and not _same_file(fd, self.path):
-                self._locks.unlock(fd)
-                os.close(fd)  # locked a file its holder removed on release in the meantime: start again
-                continue
-            self._fd = fd
-            break
-        else:  # pragma: no cover - needs a holder releasing and a newcomer locking 100 times in a row
-            raise LaunchError(f"the lock file {self.path} keeps changing under this trainer; try again")
+        self._fd, locked = _open_and_lock(self.path, self._locks)
         if not locked:
             owner = _read_owner(self._fd)
             os.close(self._fd)  # not locked: nothing to unlock
@@ -217,6 +207,60 @@ class ControlBlockLock:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
+
+
+class OutputFolderLock(ControlBlockLock):
+    """One run per output folder: ``offline --out`` and ``record --out`` hold it while they train, so a
+    second run into the same folder is refused at once (exit 2) instead of overwriting the first's
+    networks, status file and run record unnoticed. The same OS lock as :class:`ControlBlockLock`
+    (released by the kernel however the process ends, so a killed run never blocks the next), in a
+    hidden file of the folder itself (:data:`OUTPUT_LOCK_NAME`), which a clean release removes."""
+
+    def __init__(
+        self, folder: str | os.PathLike[str], *, option: str = "--out", locks: PlatformLocks | None = None
+    ) -> None:
+        # Not ControlBlockLock.__init__: another file and another refusal; release() and the context
+        # manager are shared.
+        self.path = Path(folder) / OUTPUT_LOCK_NAME
+        self._locks = locks if locks is not None else platform_locks()
+        self._fd: int | None = None
+        self._fd, locked = _open_and_lock(self.path, self._locks)
+        if not locked:
+            owner = _read_owner(self._fd)
+            os.close(self._fd)  # not locked: nothing to unlock
+            self._fd = None
+            raise LaunchError(
+                f"another la-trainer run{f' (pid {owner})' if owner else ''} is training into {str(folder)!r} "
+                f"({option}); two runs in one folder would overwrite each other's networks, status file and run "
+                f"record. Wait for it to end (la-trainer watch {str(folder)!r}), or choose another folder "
+                f"with {option}."
+            )
+        # The owner's pid is for the refusal message only: a full disk (the lock file itself takes none)
+        # must not keep a run from its folder.
+        with contextlib.suppress(OSError):
+            os.lseek(self._fd, 0, os.SEEK_SET)
+            os.write(self._fd, str(os.getpid()).ljust(PID_FIELD).encode("ascii"))
+
+
+def _open_and_lock(path: Path, locks: PlatformLocks) -> tuple[int, bool]:
+    """Open (creating) the lock file ``path`` and try its lock without waiting: the descriptor, and
+    whether this process now holds the lock (False: another process does; the caller closes it)."""
+    for _ in range(_ATTEMPTS):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            locked = locks.try_lock(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if locked and not _same_file(fd, path):
+            locks.unlock(fd)
+            os.close(fd)  # locked a file its holder removed on release in the meantime: start again
+            continue
+        return fd, locked
+    # Needs a holder releasing and a newcomer locking 100 times in a row.
+    raise LaunchError(
+        f"the lock file {path} keeps changing under this trainer; try again"
+    )  # pragma: no cover
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -9,7 +9,7 @@ import torch
 from trainer.errors import LaunchError, Unsupported
 from trainer.system.console import log
 
-__all__ = ["CUDA_HINT", "choose_device", "no_cuda_reason"]
+__all__ = ["CUDA_HINT", "check_device_option", "choose_device", "no_cuda_reason"]
 
 CUDA_HINT = (
     "for a GPU: pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu126 "
@@ -55,6 +55,20 @@ def choose_device(config_device: str, override: str) -> torch.device:
     if lowered == "cpu":
         return torch.device("cpu")
     raise Unsupported(f'Device {wanted!r} is not supported: use "GPU" or "CPU" (or --device cuda:N).')
+
+
+def check_device_option(override: str) -> None:
+    """Refuse an explicit ``cuda`` or ``cuda:N`` device option that this machine does not have, as
+    :func:`choose_device` does when a run starts. A server (``la-trainer socket``, ``shm --create``)
+    calls it before it listens: otherwise it would accept a game and then refuse every session it serves.
+    ``gpu``, ``cpu`` and the engine's Device are not checked (they choose at run time).
+
+    Raises:
+        LaunchError: an explicit CUDA device that this machine does not have.
+    """
+    explicit = override.strip().lower()
+    if explicit == "cuda" or explicit.startswith("cuda:"):
+        choose_device("CPU", override)  # the one refusal; the device it returns is not needed yet
 
 
 def no_cuda_reason() -> str:

@@ -8,6 +8,7 @@ learning rate, weight decay, batch size, iteration count, observation noise, tim
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,8 +23,10 @@ from protocol.nne.layers import Layer
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import Snapshot
 from trainer import __version__
+from trainer.errors import BadData
 from trainer.settings.options import TrainerOptions
 from trainer.system.console import log
+from trainer.system.diskspace import OptionalWrite
 from trainer.training.checkpoint import (
     CheckpointError,
     Fingerprint,
@@ -80,6 +83,12 @@ class TrainingJob:
     checkpoint_iteration: int = -1
     """Iteration of the newest checkpoint this job wrote or resumed from (−1: none)."""
     checkpoint_clock: float = field(default_factory=time.monotonic)
+    checkpoint_failed: bool = False
+    """The newest checkpoint attempt found the disk full (:attr:`checkpoint_iteration` is older than the
+    state then)."""
+    checkpoint_disk: OptionalWrite = field(
+        default_factory=lambda: OptionalWrite("checkpoints", "at the next checkpoint"), repr=False
+    )
     heldout: HeldOutEvaluator | None = None
     """The held-out measurements (:mod:`trainer.training.heldout`); None: nothing held out, or a scale-out rank
     other than 0."""
@@ -125,6 +134,7 @@ class TrainingJob:
         data = TrainingData.from_replay(
             replay, config.action_chunk_size, split.train if split.active else None
         )
+        _check_batch_fits(config, data, options.draws_per_row, device)
         model = _model(config, received, options, data, device)
         tensors = model.tensor_data(data)
         optimizer = make_optimizer(model, training.learning_rate, training.weight_decay, options.layer_lr)
@@ -334,10 +344,58 @@ class TrainingJob:
             trainer_version=__version__,
             saved_at=time.time(),
         )
-        self.last_checkpoint = save_checkpoint(self.checkpoint_dir, state)
+        try:
+            self.last_checkpoint = save_checkpoint(self.checkpoint_dir, state)
+        except (OSError, RuntimeError) as error:
+            # A full disk (torch.save reports it as a RuntimeError raised while handling the OSError): the
+            # previous checkpoint stays whole (atomic_file), training goes on, and the next due (or forced)
+            # checkpoint tries again; any other error is the run's.
+            if not self.checkpoint_disk.failed(self.checkpoint_dir, error):
+                raise
+            self.checkpoint_failed = True
+            self.checkpoint_clock = time.monotonic()
+            return self.last_checkpoint
+        self.checkpoint_disk.written()
+        self.checkpoint_failed = False
         self.checkpoint_iteration = iteration
         self.checkpoint_clock = time.monotonic()
         return self.last_checkpoint
+
+
+def _check_batch_fits(
+    config: SessionConfig, data: TrainingData, draws_per_row: int, device: torch.device
+) -> None:
+    """Refuse a BatchSize whose step cannot fit in this machine's memory before anything is allocated: the
+    allocation would end the run in an out-of-memory traceback (a 100,000,000-row batch did) or, worse,
+    in the kernel's OOM killer. Only what a step certainly holds is counted (each sample's inputs and
+    targets, every layer's activation and its gradient, as float32), against all the memory of the
+    device, so a batch refused here could never run; one that passes may still be too large for what
+    is free. Unknown memory (Windows' CPU): not checked."""
+    rows = config.trainer.training.batch_size * max(1, draws_per_row)
+    flow = config.model.flow_matching
+    floats = int(data.observations.shape[1]) + int(data.targets.shape[1])
+    floats += 2 * flow.hidden_layer_size * (flow.hidden_layer_num + 1)
+    needed = rows * floats * 4
+    available = _memory_bytes(device)
+    if available is None or needed <= available:
+        return
+    raise BadData(
+        f"BatchSize {config.trainer.training.batch_size} does not fit in memory: one training step holds at "
+        f"least {needed / 1e9:,.1f} GB ({rows} rows x {floats} floats: inputs, targets and every "
+        f"HiddenLayerSize-wide activation with its gradient), and {device} has {available / 1e9:,.1f} GB. "
+        "Lower BatchSize (the game's training settings; la-trainer record --batch-size); the engine's "
+        "default is 256."
+    )
+
+
+def _memory_bytes(device: torch.device) -> int | None:
+    """All the memory of ``device`` in bytes (a CUDA device's, or this machine's RAM); None: unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return None
 
 
 def _model(

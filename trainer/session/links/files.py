@@ -13,9 +13,10 @@ from pathlib import Path
 from protocol.config import SessionConfig
 from protocol.names import CommType, network_label
 from protocol.replay import ReplayBuffer
-from trainer.errors import LaunchError
+from trainer.errors import LaunchError, NoSpace
 from trainer.session.links.base import check_snapshot_size
 from trainer.session.transport.files import (
+    NETWORKS_DIR,
     TRAINER_CONFIG,
     TRAINING_MATERIALS_DIR,
     TrainingMaterials,
@@ -25,6 +26,7 @@ from trainer.session.transport.files import (
     write_network_files,
 )
 from trainer.system.console import log
+from trainer.system.diskspace import OptionalWrite, no_space_paragraph
 
 __all__ = ["OFFLINE_TASK_NAME", "FileTrainerLink", "default_output_parent"]
 
@@ -65,6 +67,11 @@ class FileTrainerLink:
         self._materials: TrainingMaterials | None = None
         self._next_replay = 0
         self._written: dict[int, Path] = {}
+        self._round: dict[int, bytes] = {}
+        self._round_version: int | None = None
+        self._unwritten: OSError | None = None
+        """The newest round's networks could not be written (a full disk): its error."""
+        self._disk = OptionalWrite("the trained networks", "at the next sync round")
 
     @property
     def folder(self) -> Path:
@@ -98,13 +105,46 @@ class FileTrainerLink:
         return rb
 
     def send_network(self, network_id: int, data: bytes, version: int) -> None:
+        """Keep the network until its round is whole, then write the round's networks as one set
+        (:func:`~trainer.session.transport.files.write_network_files`): the output folder never mixes
+        two rounds. A full disk keeps the previous set and is a warning; :meth:`send_complete` ends the
+        run if the last round is the one that could not be written."""
         config = self._loaded().config
         check_snapshot_size(network_id, data, config.network(network_id).max_byte_num)
-        write_network_files(self._output_dir, {network_id: data})
-        self._written[network_id] = network_path(self._output_dir, network_id)
+        if version != self._round_version:
+            self._round, self._round_version = {}, version
+        self._round[network_id] = data
+        if set(self._round) < {net.id for net in config.model.networks}:
+            return
+        try:
+            write_network_files(self._output_dir, self._round)
+        except OSError as error:
+            if not self._disk.failed(self._output_dir / NETWORKS_DIR, error):
+                raise
+            self._unwritten = error
+            return
+        self._disk.written()
+        self._unwritten = None
+        self._written = {nid: network_path(self._output_dir, nid) for nid in sorted(self._round)}
 
     def send_complete(self) -> None:
-        """Nothing to signal offline."""
+        """Nothing to signal offline; but the last round's networks are this run's product: if a full disk
+        kept them from being written, the run ends here (exit 14), naming the folder and what it holds.
+
+        Raises:
+            NoSpace: the final networks could not be written.
+        """
+        if self._unwritten is None:
+            return
+        folder = self._output_dir / NETWORKS_DIR
+        kept = (
+            f"{folder} holds the networks of an earlier round of this run."
+            if self._written
+            else "No trained network was written."
+        )
+        raise NoSpace(
+            no_space_paragraph("the trained networks", folder, self._unwritten, kept)
+        ) from self._unwritten
 
     def stop_requested(self) -> bool:
         return False

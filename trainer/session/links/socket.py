@@ -9,6 +9,16 @@ not spawn, cannot see a game at all: that wait is bounded by ``Timeouts.wait``, 
 The server (``la-trainer socket``) serves session after session (``serve``): its wait for a game has no
 bound, and :meth:`SocketTrainerLink.next_session` closes the finished session's connection and listens
 again on the same port.
+
+A connection is a game once its config is in (issue 30). Until then the link keeps listening and holds up
+to :data:`PENDING_LIMIT` connections side by side, reading each as its bytes come; the first that
+completes a valid config (parsed and usable to size the stream) is the session, every other one is closed.
+A connection that closes, sends bytes that are not a config, or takes longer than
+``Timeouts.config_wait`` from its first byte to its complete config is closed and logged, and the wait
+goes on: a silent, slow or junk peer never holds up a game (the engine gives up connecting after 10 s,
+spec §1.6) and never becomes a session, so it leaves no run folder. A connection that has sent nothing
+is not timed: a game connects when its communicator is made and sends its config when it begins
+training, possibly minutes later.
 """
 
 from __future__ import annotations
@@ -19,12 +29,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TypeVar
 
 from protocol.config import SessionConfig, parse_json, session_from_socket
-from protocol.errors import StreamError
+from protocol.errors import ProtocolError, StreamError
 from protocol.names import CommType
 from protocol.replay import ReplayBuffer, ReplayLayout
 from protocol.stream import (
@@ -40,12 +50,18 @@ from protocol.stream import (
 )
 from trainer.errors import LaunchError, PeerGone
 from trainer.session.links.base import check_snapshot_size
-from trainer.session.transport.tcp import ACCEPT_HINT, TcpConnection, TcpServer, enable_keepalive
+from trainer.session.transport.tcp import (
+    ACCEPT_HINT,
+    TcpConnection,
+    TcpServer,
+    enable_keepalive,
+    wait_any_readable,
+)
 from trainer.session.transport.wait import StopRequested, WaitRule, after_grace, wait_until
-from trainer.settings.timeouts import Timeouts
+from trainer.settings.timeouts import CONFIG_WAIT_ADVICE, Timeouts
 from trainer.system.console import log
 
-__all__ = ["SocketTrainerLink"]
+__all__ = ["PENDING_LIMIT", "SocketTrainerLink"]
 
 T = TypeVar("T")
 
@@ -53,6 +69,26 @@ _SOCKET_POLL_SLICE = 0.05
 """Seconds per readiness wait on the socket, so peer checks run between them."""
 _BODY_BURST_SECONDS = 0.05
 """Longest run of back-to-back receives into a message body before the link looks at events again."""
+
+PENDING_LIMIT = 16
+"""Connections held at once while no valid config has come. A newcomer beyond it closes the oldest
+pending one: a flood of idle connections cannot lock a game out (the game that connects now sends its
+config within milliseconds of beginning training, and wins)."""
+_RECEIVES_PER_POLL = 8
+"""Receives from one pending connection per poll, so a fast sender cannot starve the others."""
+_CLOSED_LINES = 10
+"""Closed pending connections logged one line each per wait for a game; further ones are counted."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A connection that has not sent a valid config yet, with its own decoder."""
+
+    conn: TcpConnection
+    source: str
+    decoder: TrainerStreamDecoder
+    first_byte_at: float | None = None
+    config: SessionConfig | None = None
 
 
 class SocketTrainerLink:
@@ -89,7 +125,9 @@ class SocketTrainerLink:
         self._say = output
         # accepted: the game's connection and the bytes already read from it, taken over from the
         # drop-in, which read the config first to decide whether this run is ours (trainer.dropin.relay).
-        self._server: TcpServer | None = TcpServer(host, port) if accepted is None else None
+        self._server: TcpServer | None = (
+            TcpServer(host, port, backlog=PENDING_LIMIT) if accepted is None else None
+        )
         self._host = host
         # The next session listens on the same port (port 0 too).
         self._bound_port = self._server.port if self._server is not None else port
@@ -114,6 +152,7 @@ class SocketTrainerLink:
         self._eof_detail = ""
         self._truncated = False
         self._closed = False
+        self._config_wait_announced = False
         if accepted is not None:
             enable_keepalive(accepted[0])  # as TcpServer.accept does: a vanished machine is noticed
             self._conn = TcpConnection(accepted[0], peer="the game")
@@ -243,38 +282,145 @@ class SocketTrainerLink:
             raise PeerGone(f"the engine went away while waiting for {what}: {self._eof_detail}")
 
     def receive_config(self) -> SessionConfig:
-        """Accept the engine's connection, then decode its SendConfig message (§3)."""
+        """The engine's SendConfig message (§3): listening, the first connection to send a valid config is
+        the session (:meth:`_admit`); a connection taken over from the drop-in is read for it."""
         if self._config is not None:
             return self._config
         if self._conn is None:
             server = self._server
             if server is None:
                 raise LaunchError("the socket link is closed")
-            what = f"the game to connect to {server.host}:{server.port}"
+            what = f"the game to connect to {server.host}:{server.port} and send its config"
             if self._serve:
                 self._say(
                     f"la-trainer: serving session after session on {server.host}:{server.port}: waiting for a "
                     "game with no bound (SIGINT/SIGTERM stop the server; --once: one session only)."
                 )
-            self._conn = server.accept(
-                self._rule.start(what),
+            winner = self._admit(server, what)
+            # The game's connection is the session: no second client (§3).
+            self._server = None
+            server.close()
+            self._conn, self._decoder = winner.conn, winner.decoder
+            # The connection shows the game lives.
+            self._rule = WaitRule(self._timeouts, visible=True, output=self._say)
+            assert winner.config is not None  # _admit returns only a connection whose config is valid
+            self._config = winner.config
+            return winner.config
+        message = self._wait(lambda: self._config_message, "the game's config message")
+        config = session_from_socket(parse_json(message.raw_json, "socket config"))
+        _configure(self._decoder, config)
+        self._config = config
+        return config
+
+    def _admit(self, server: TcpServer, what: str) -> _Pending:
+        """Listen, holding every connection until one sends a valid config; return that one (its decoder
+        configured, the bytes after its config still in it) and close the others (module docstring).
+
+        The wait is the listener's (:class:`~trainer.session.transport.wait.WaitRule`): no bound where the game is
+        seen or when serving, else ``Timeouts.wait``; SIGINT/SIGTERM and ``peer_alive`` end it."""
+        config_wait = self._timeouts.config_wait
+        if not self._config_wait_announced:
+            self._config_wait_announced = True
+            bound = f"{config_wait:g} s" if math.isfinite(config_wait) else "no bound"
+            self._say(
+                f"la-trainer: a connection is a game once its config has come; one that has begun its config "
+                f"message must finish it within {bound} or it is closed, while others are served "
+                f"({CONFIG_WAIT_ADVICE})."
+            )
+        pending: list[_Pending] = []
+        closed = [0]
+
+        def close(candidate: _Pending, why: str) -> None:
+            pending.remove(candidate)
+            candidate.conn.close()
+            closed[0] += 1
+            if closed[0] <= _CLOSED_LINES:
+                self._say(
+                    f"la-trainer: closed the connection from {candidate.source}: {why}; still waiting for a game."
+                )
+            elif closed[0] == _CLOSED_LINES + 1:
+                self._say("la-trainer: more connections were closed before a game came; they are not logged.")
+
+        def poll() -> _Pending | None:
+            while (conn := server.accept_ready()) is not None:
+                if len(pending) >= PENDING_LIMIT:
+                    close(pending[0], f"{PENDING_LIMIT} connections were pending and a newer one came")
+                pending.append(_Pending(conn, conn.peer.removeprefix("the game at "), TrainerStreamDecoder()))
+            now = time.monotonic()
+            for candidate in list(pending):
+                why = self._read_pending(candidate, now)
+                if candidate.config is not None:
+                    return candidate
+                if why is None and candidate.first_byte_at is not None:
+                    if now - candidate.first_byte_at > config_wait:
+                        why = (
+                            f"its config message was not complete {config_wait:g} s after its first byte "
+                            f"({CONFIG_WAIT_ADVICE})"
+                        )
+                if why is not None:
+                    close(candidate, why)
+            return None
+
+        def idle(seconds: float) -> None:
+            wait_any_readable([server.listener, *(c.conn.sock for c in pending)], seconds)
+
+        winner: _Pending | None = None
+        try:
+            winner = wait_until(
+                poll,
+                timeout=self._rule.start(what),
+                what=what,
+                poll_interval=_SOCKET_POLL_SLICE,
                 peer_alive=self._peer_alive_check,
+                peer_check_interval=self._timeouts.peer_check_interval,
                 interrupted=self._interrupted,
+                idle=idle,
                 timeout_hint=ACCEPT_HINT if self._rule.visible else f"{ACCEPT_HINT}. {self._rule.hint}",
                 notice=self._rule.notice(what),
                 notice_after=self._timeouts.notice_after,
             )
-            self._server = None  # accept() closed the listener: no second client (§3)
-            # The connection shows the game lives.
-            self._rule = WaitRule(self._timeouts, visible=True, output=self._say)
-        message = self._wait(lambda: self._config_message, "the game's config message")
-        config = session_from_socket(parse_json(message.raw_json, "socket config"))
-        self._decoder.configure(
-            {net.id: net.max_byte_num for net in config.model.networks},
-            {rb.id: ReplayLayout.from_config(rb) for rb in config.data.replay_buffers},
-        )
-        self._config = config
-        return config
+            return winner
+        finally:
+            others = [c for c in pending if c is not winner]
+            for candidate in others:
+                candidate.conn.close()
+            if winner is not None and others:
+                self._say(
+                    f"la-trainer: a game's config came from {winner.source}: closed {len(others)} other "
+                    "pending connection(s)."
+                )
+
+    @staticmethod
+    def _read_pending(candidate: _Pending, now: float) -> str | None:
+        """Receive what has arrived on a pending connection and decode it; sets ``candidate.config`` once a
+        valid config is in. Returns why the connection must be closed, or None."""
+        conn, decoder = candidate.conn, candidate.decoder
+        try:
+            for _ in range(_RECEIVES_PER_POLL):
+                if not conn.poll_readable(0.0):
+                    return None
+                decoder.buffer_updated(conn.recv_into(decoder.get_buffer(-1), 0.0))
+                if candidate.first_byte_at is None:
+                    candidate.first_byte_at = now
+                event = decoder.next_event()
+                if isinstance(event, Stop):
+                    return "it sent Stop before any config"
+                if isinstance(event, ConfigMessage):
+                    config = session_from_socket(parse_json(event.raw_json, "socket config"))
+                    _configure(decoder, config)
+                    candidate.config = config
+                    return None
+        except PeerGone:
+            if candidate.first_byte_at is None:
+                return "it closed the connection without sending anything"
+            return "it closed the connection in the middle of its config message"
+        except ProtocolError as error:
+            # A bad signal, an absurd length, a config that does not parse or cannot size the stream:
+            # not a game this trainer can serve. Said in full: a real game's refused config is explained.
+            return f"what it sent is not a config la-trainer can use ({error})"
+        except OSError as error:  # e.g. ETIMEDOUT: keep-alive found its machine gone
+            return f"the connection failed ({error.strerror or error})"
+        return None
 
     def receive_network(self, network_id: int) -> bytes:
         """The engine's SendNetwork for ``network_id`` (it sends 0, 1, 2 unasked after the config)."""
@@ -415,7 +561,7 @@ class SocketTrainerLink:
         deadline = time.monotonic() + 5.0
         while True:
             try:
-                return TcpServer(self._host, self._bound_port)
+                return TcpServer(self._host, self._bound_port, backlog=PENDING_LIMIT)
             except LaunchError as error:
                 if time.monotonic() >= deadline or (self._interrupted is not None and self._interrupted()):
                     raise LaunchError(f"cannot listen again for the next game: {error}") from None
@@ -447,3 +593,11 @@ class SocketTrainerLink:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _configure(decoder: TrainerStreamDecoder, config: SessionConfig) -> None:
+    """Give the decoder the sizes the config declares (snapshot bytes, replay layouts), §3."""
+    decoder.configure(
+        {net.id: net.max_byte_num for net in config.model.networks},
+        {rb.id: ReplayLayout.from_config(rb) for rb in config.data.replay_buffers},
+    )

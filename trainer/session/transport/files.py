@@ -24,7 +24,7 @@ from typing import NamedTuple
 from protocol.config import SessionConfig, parse_json, session_from_files
 from protocol.replay import ReplayBuffer, ReplayLayout
 from trainer.errors import BadData, LaunchError
-from trainer.system.atomic import atomic_write
+from trainer.system.atomic import atomic_write_all
 
 __all__ = [
     "CONFIG_FILE_LIMIT",
@@ -114,11 +114,12 @@ def _looks_like_export(folder: Path) -> bool:
 
 
 def write_network_files(folder: str | os.PathLike[str], networks: Mapping[int, bytes]) -> None:
-    """Write ``Networks/network_<id>.bin`` for each network, each atomically (same bytes as the wire)."""
+    """Write ``Networks/network_<id>.bin`` for each network, each atomically (same bytes as the wire), as
+    one set: all are written before any replaces its file, so a failed write (a full disk) leaves the
+    previous set whole (:func:`trainer.system.atomic.atomic_write_all`)."""
     root = Path(folder)
     (root / NETWORKS_DIR).mkdir(parents=True, exist_ok=True)
-    for network_id, data in sorted(networks.items()):
-        atomic_write(network_path(root, network_id), data)
+    atomic_write_all({network_path(root, network_id): data for network_id, data in sorted(networks.items())})
 
 
 class TrainingMaterials(NamedTuple):

@@ -37,6 +37,7 @@ __all__ = [
     "connect_with_retry",
     "enable_keepalive",
     "is_loopback",
+    "wait_any_readable",
 ]
 
 Buffer = bytes | bytearray | memoryview
@@ -286,9 +287,11 @@ class TcpServer:
     """Listens on ``host:port`` and accepts exactly one client (the engine).
 
     Binding happens in the constructor so a port in use fails at launch, before any waiting.
+    ``backlog``: connections the kernel queues before they are accepted (the socket link holds several
+    pending connections until one sends a valid config, :meth:`accept_ready`).
     """
 
-    def __init__(self, host: str, port: int, *, send_timeout: float = math.inf) -> None:
+    def __init__(self, host: str, port: int, *, send_timeout: float = math.inf, backlog: int = 1) -> None:
         if not 0 <= port <= 65535:
             raise LaunchError(f"port {port} is out of range (0-65535)")
         self.host = host
@@ -309,7 +312,7 @@ class TcpServer:
                 # Rebinding right after a previous run whose connection sits in TIME_WAIT.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
-            sock.listen(1)
+            sock.listen(backlog)
         except OSError as error:
             sock.close()
             if error.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1)):
@@ -382,6 +385,25 @@ class TcpServer:
         enable_keepalive(conn)
         return TcpConnection(conn, send_timeout=self._send_timeout, peer=f"the game at {host}")
 
+    @property
+    def listener(self) -> socket.socket:
+        """The listening socket (to wait for readiness beside other sockets, :func:`wait_any_readable`)."""
+        if self._sock is None:
+            raise LaunchError("the server is closed")
+        return self._sock
+
+    def accept_ready(self) -> TcpConnection | None:
+        """One client the kernel has already queued, as a connection with keep-alive on, or None: never
+        waits, and keeps listening (unlike :meth:`accept`), so several clients can be pending at once."""
+        listener = self.listener
+        listener.setblocking(False)
+        try:
+            conn, address = listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return None  # nobody queued, or the client gave up between the poll and the accept
+        enable_keepalive(conn)  # as accept() does: a silent peer's vanished machine is noticed
+        return TcpConnection(conn, send_timeout=self._send_timeout, peer=f"the game at {address[0]}")
+
     def close(self) -> None:
         """Stop listening (clients still queued are reset). Idempotent."""
         sock, self._sock = self._sock, None
@@ -434,6 +456,22 @@ def _wait_readable(sock: socket.socket, timeout: float) -> bool:
         return bool(poller.poll(None if blocking else timeout * 1000.0))
     readable, _, _ = select.select([sock], [], [], None if blocking else timeout)  # pragma: no cover
     return bool(readable)
+
+
+def wait_any_readable(socks: Sequence[socket.socket], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds (at least 0, finite) until one of ``socks`` is readable (data, EOF
+    or, for a listener, a queued client); returns early then, and never raises for a closed peer."""
+    timeout = max(timeout, 0.0)
+    if not socks:
+        time.sleep(timeout)
+        return
+    if hasattr(select, "poll"):  # select() fails on descriptors above FD_SETSIZE (see _wait_readable)
+        poller = select.poll()
+        for sock in socks:
+            poller.register(sock, select.POLLIN | select.POLLPRI)
+        poller.poll(timeout * 1000.0)
+        return
+    select.select(list(socks), [], [], timeout)  # pragma: no cover - Windows (at most 512 sockets)
 
 
 def enable_keepalive(sock: socket.socket, *, platform: str | None = None) -> list[str]:
