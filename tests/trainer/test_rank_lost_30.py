@@ -6,7 +6,8 @@ networks and Complete go to the game), but the exit code is PEER_GONE (5), the s
 "rank lost", and no line of it tells the user to look at the learning rate or calls the run diverged.
 
 The run is a whole training story over the in-memory link (as tests/integration/test_run_status.py does);
-the rank's failure is raised from the job's step at iteration 25, where a real collective raises it.
+the rank's failure is raised from the job's step (``advance``) at iteration 25, where a real collective
+raises it.
 """
 
 from __future__ import annotations
@@ -36,14 +37,14 @@ LOST = "scale-out: rank 1 of 2 failed (exit code -9): see its log; training stop
 
 
 def _lose_a_rank_at_25(job: TrainingJob) -> TrainingJob:
-    step = job.step
+    advance = job.advance  # the story's step (a scale-out rank's is its step and collectives)
 
-    def failing(iteration: int) -> float:
+    def failing(iteration: int) -> None:
         if iteration == 25:
             raise RankLost(LOST)
-        return step(iteration)
+        advance(iteration)
 
-    job.step = failing  # type: ignore[method-assign]
+    job.advance = failing  # type: ignore[method-assign]
     return job
 
 

@@ -73,6 +73,7 @@ def background_waits() -> Iterator[None]:
     finally:
         _LOCAL.background = previous
 
+
 TIMEOUT_HINT = (
     "Check that the game is running and that it uses the same transport settings "
     "(GUID, address, port), or raise the timeout."
