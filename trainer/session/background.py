@@ -27,13 +27,23 @@ R = TypeVar("R")
 
 class CopyWorker(Generic[R]):
     """A daemon thread running ``job(shadow model, copy)`` for each copy put, in order (module docstring).
-    ``name``: the thread's name. Build it on the training thread (the shadow copies the model there)."""
+    ``name``: the thread's name. Build it on the training thread (the shadow copies the model there).
+    ``keep_results``: False when nobody reads :attr:`results` (the snapshot files): each result would keep
+    its copy of the weights alive for the rest of the run."""
 
-    def __init__(self, name: str, shadow: ShadowModel, job: Callable[[FlowModel, WeightsCopy], R]) -> None:
+    def __init__(
+        self,
+        name: str,
+        shadow: ShadowModel,
+        job: Callable[[FlowModel, WeightsCopy], R],
+        *,
+        keep_results: bool = True,
+    ) -> None:
         self.shadow = shadow
         self.job = job
+        self.keep_results = keep_results
         self.results: deque[tuple[WeightsCopy, R]] = deque()
-        """Finished jobs, in order (the training thread pops them)."""
+        """Finished jobs, in order (the training thread pops them); empty without ``keep_results``."""
         self._error: BaseException | None = None
         self._pending = 0
         self._queue: queue.Queue[WeightsCopy | None] = queue.Queue()
@@ -73,7 +83,8 @@ class CopyWorker(Generic[R]):
                 return
             try:
                 result = self.job(self.shadow.load(weights), weights)
-                self.results.append((weights, result))
+                if self.keep_results:
+                    self.results.append((weights, result))
             except BaseException as error:  # the training thread raises it (check)
                 self._error = error
             with self._idle:

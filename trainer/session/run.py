@@ -460,7 +460,8 @@ class _Behind:
         def write(model: FlowModel, weights: WeightsCopy) -> list[Path]:
             return writer.write(weights.iteration, encode_networks(run.received, exported_layers(model)))
 
-        return cls(sender, CopyWorker("la-trainer-snapshots", ShadowModel(run.job.model, cpu), write))
+        shadow_model = ShadowModel(run.job.model, cpu)
+        return cls(sender, CopyWorker("la-trainer-snapshots", shadow_model, write, keep_results=False))
 
     def check(self) -> None:
         """Raise what failed behind the loop (cheap; every iteration)."""
