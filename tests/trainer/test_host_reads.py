@@ -25,6 +25,7 @@ from trainer.records.runrecord import find_run_folders, read_metrics
 from trainer.session.app import run_with_link
 from trainer.session.links import MemoryLink
 from trainer.settings.options import TrainerOptions
+from trainer.training.checkpoint import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME, load_checkpoint
 from trainer.training.flow import TimeDistribution
 from trainer.training.job import TrainingJob
 from trainer.training.steps.autograd import BatchSampler, make_optimizer, train_step
@@ -81,6 +82,49 @@ def test_a_real_run_reads_the_device_at_most_once_per_hundred_iterations(
     assert len(snapshots) == 3 * (ITERATIONS // 500)
 
 
+@pytest.mark.parametrize(
+    ("found_by", "checkpoint_every_seconds"), [("a checkpoint", 0.001), ("a batch of points", 0.0)]
+)
+def test_a_run_that_diverges_keeps_no_point_or_checkpoint_of_a_skipped_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found_by: str, checkpoint_every_seconds: float
+) -> None:
+    """Steps after a divergence are skipped on the device until a read finds it (a due checkpoint reads
+    first; else the tenth metrics point does): no metrics point and no checkpoint of those steps is
+    written, and the run ends as diverged with the weights of the iteration the error names."""
+    task = EngineTask.benchmark("bimodal", size=64, seed=0)
+    config, blobs = build_session_config(task, SessionSettings(iteration_num=1500, batch_size=32), None)
+    options = TrainerOptions(
+        sync_every_iterations=0,
+        sync_every_seconds=0.0,
+        threads=1,
+        checkpoint_every_seconds=checkpoint_every_seconds,
+        progress_every_seconds=3600.0,  # no progress line reads the device: only the points or a checkpoint
+    )
+    advance = TrainingJob.advance
+
+    def poisoning(self: TrainingJob, iteration: int) -> None:
+        if iteration == 250:
+            step = self.training_step
+            assert isinstance(step, FusedStep)
+            step._x1[:, 0] = float("nan")  # every step from here on is not finite
+        advance(self, iteration)
+
+    monkeypatch.setattr(TrainingJob, "advance", poisoning)
+    link = MemoryLink(config, list(blobs), task.replay_buffer)
+    folder = tmp_path / "Training0"
+    assert run_with_link(lambda flag: link, options=options, task_dir=folder) == ExitCode.DIVERGED
+    assert link.completed, "the last good networks and Complete go to the game"
+    (run,) = find_run_folders(folder)
+    points = [p for p in read_metrics(run) if "loss" in p]
+    assert [p["iteration"] for p in points] == [100, 200, 250], points
+    assert all(p["loss"] is not None for p in points), points
+    for name in (CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME):
+        path = folder / "Snapshots" / name
+        if path.exists():
+            assert load_checkpoint(path).iteration <= 250, (found_by, name)
+    assert load_checkpoint(folder / "Snapshots" / CHECKPOINT_NAME).iteration == 250
+
+
 def test_a_launched_step_reads_nothing_until_asked() -> None:
     model, data = engine_model()
     generator = torch.Generator().manual_seed(0)
@@ -114,6 +158,7 @@ def test_a_divergence_is_reported_at_the_next_read_with_the_weights_before_it() 
     for i in range(5, 8):
         fused.launch(i)
     before = everything(model, optimizer)  # after iteration 7: what must be kept
+    smoothed = fused._smoothed.item() / fused._divisor  # and the smoothed loss after it
     fused._x1[:, 0] = float("nan")  # every later step is not finite
     for i in range(8, 12):
         fused.launch(i)
@@ -124,7 +169,7 @@ def test_a_divergence_is_reported_at_the_next_read_with_the_weights_before_it() 
         fused.read()
     assert raised.value.iteration == 8 and "6 steps later" in str(raised.value)
     assert_same(before, everything(model, optimizer), exact=True)  # weights, EMA, moments, counts
-    assert fused.smoothed_loss == good  # the last good read's
+    assert fused.smoothed_loss == smoothed != good  # the last good step's, not the last read's
     fused.launch(15)  # reported once: training may go on
     fused.read()
     assert int(model.ema_updates) == 9

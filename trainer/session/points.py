@@ -52,10 +52,10 @@ class PendingPoints:
     def add(
         self, iteration: int, phase: str, loss: torch.Tensor | float, learning_rate: float, sync_rounds: int
     ) -> None:
-        """Take a point now (no host read); writes the batch once it is :attr:`flush_every` long."""
+        """Take a point now (no host read). The loop writes the batch once it is :attr:`flush_every` long,
+        after it read the steps (``TrainingJob.settle``): a divergence found then drops the points of the
+        steps it skipped (:meth:`flush` ``up_to``) instead of writing their non-finite losses."""
         self._points.append(_Point(iteration, phase, loss, learning_rate, sync_rounds, time.perf_counter()))
-        if len(self._points) >= self.flush_every:
-            self.flush()
 
     def flush(self, up_to: int | None = None) -> None:
         """Read the pending losses (one host read) and write the points in order; ``up_to``: drop the

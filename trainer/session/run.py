@@ -557,10 +557,12 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
         # Stop arrived while a sync round waited on the game (spec §2.4: the engine does not wait for the
         # rest of the round): end as for a Stop seen between steps, keeping what was trained.
         end = LoopEnd.STOPPED
+        iteration = _settled(job, iteration)
     except (PeerGone, WaitTimeout) as error:
         # The game went away mid-run: keep what was trained so `--resume` can continue it, then let the
         # error name the phase and set the exit code as usual (a round that was waiting on the game
         # names it best: the sync round).
+        iteration = _settled(job, iteration)
         job.maybe_checkpoint(iteration, force=True)
         in_round = behind.round_failure()
         if isinstance(in_round, (PeerGone, WaitTimeout)) and in_round is not error:
@@ -576,6 +578,19 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
         end = LoopEnd.STOPPED  # a Stop the sender saw while its round waited (spec §2.4)
     reporter.syncs = sync.rounds
     return end, iteration
+
+
+def _settled(job: TrainingJob, iteration: int) -> int:
+    """Read the unread steps where the loop ends another way (a Stop, the game gone) before the final
+    checkpoint: a divergence found then is logged, and the iteration count goes back to the step it names
+    (the weights are those after it); else ``iteration``."""
+    try:
+        job.settle()
+    except Diverged as error:
+        log(f"la-trainer: {error}.")
+        if error.iteration is not None and job.start_iteration <= error.iteration < iteration:
+            return error.iteration
+    return iteration
 
 
 def _finish(

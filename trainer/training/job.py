@@ -267,8 +267,10 @@ class TrainingJob:
         if self.unread == 0 or step is None:
             return self.smoothed_loss
         self.unread = 0
-        step.read()  # raises Diverged, leaving smoothed_loss at the last value read before it
-        self.smoothed_loss = step.smoothed_loss
+        try:
+            step.read()
+        finally:  # after a Diverged: the last good step's
+            self.smoothed_loss = step.smoothed_loss
         return self.smoothed_loss
 
     def loss_probe(self) -> torch.Tensor | float:
@@ -333,6 +335,10 @@ class TrainingJob:
         now = time.monotonic()
         if not (force or boundary or (every > 0 and now - self.checkpoint_clock >= every)):
             return None
+        # Steps still unread may hold a divergence, skipped on the device with every step after it: read
+        # them first (Diverged: no checkpoint; the loop ends as diverged and checkpoints the good weights),
+        # so that a checkpoint's iteration is that of its weights and its smoothed loss is current.
+        self.settle()
         state = TrainingState(
             iteration=iteration,
             model=self.model.state_dict(),

@@ -261,6 +261,8 @@ class FusedStep:
         self._divisor = b * action_width
         self._loss_sum = torch.zeros((), dtype=torch.float32, device=device)
         self._smoothed = torch.zeros((), dtype=torch.float32, device=device)
+        self._smoothed_next = torch.zeros((), dtype=torch.float32, device=device)
+        self._skipped = torch.zeros((), dtype=torch.bool, device=device)
         self._found_inf = torch.zeros((), dtype=torch.float32, device=device)
         self._keep = torch.ones((), dtype=torch.float32, device=device)
         self._one = torch.ones((), dtype=torch.float32, device=device)
@@ -461,10 +463,14 @@ class FusedStep:
                 base = self._ema_value if self._ema_base is None else self._ema_base
                 torch.mul(self._keep, base, out=self._ema_weight)
                 model.apply_ema(self.flat.ema_pairs or model.ema_pairs(), self._ema_weight)
+        # A skipped step leaves the smoothed loss as it was: after a divergence it holds the last good
+        # step's, for the read that reports it (the same bits as an in-place lerp otherwise).
         if self._smooth:
-            self._smoothed.lerp_(self._loss_sum, 1.0 - LOSS_SMOOTHING)
+            torch.lerp(self._smoothed, self._loss_sum, 1.0 - LOSS_SMOOTHING, out=self._smoothed_next)
         else:
-            self._smoothed.copy_(self._loss_sum)
+            self._smoothed_next.copy_(self._loss_sum)
+        torch.gt(self._found_inf, 0.0, out=self._skipped)
+        torch.where(self._skipped, self._smoothed, self._smoothed_next, out=self._smoothed)
 
     def smooth_from(self, value: float) -> None:
         """Continue the smoothed loss from ``value`` (mean squared error) instead of the next step's."""
@@ -484,7 +490,8 @@ class FusedStep:
 
     def read(self) -> StepMetrics:
         """One host read: the latest step's loss and gradient norm and the smoothed loss; raises
-        :class:`Diverged` naming the first step skipped since the last read, and clears the flag."""
+        :class:`Diverged` naming the first step skipped since the last read (the smoothed loss is then the
+        last good step's), and clears the flag."""
         launched, self._launched = self._launched, _Launches()
         # vector_norm accumulates float32 in double on CPU, as the reference's norm does.
         values = torch.stack(
@@ -509,10 +516,10 @@ class FusedStep:
         self.model.forget_ema_updates(skipped if self._ema_weight is not None else 0)
         self._applied = int(applied)
         self._found_inf.zero_()
-        # The smoothed loss took the bad steps' losses: back to the last good value (a graph keeps
-        # smoothing from this buffer), or to none.
-        good_smoothed = self._smoothed_value * self._divisor
-        self._smoothed.fill_(good_smoothed if math.isfinite(good_smoothed) else 0.0)
+        if (
+            good > 0
+        ):  # the buffer kept the last good step's smoothed loss (device_step); training goes on from it
+            self._smoothed_value = smoothed_total / self._divisor
         first = launched.nth(min(max(good, 0), len(launched) - 1)) if launched else -1
         late = f" (found on the device {skipped - 1} steps later)" if skipped > 1 else ""
         raise Diverged(
