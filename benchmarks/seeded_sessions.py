@@ -8,7 +8,10 @@ three networks each session ends with. Two commits that train the same way print
 
 Used for the layout redesign (moves only): ``benchmarks/results/seeded-sessions-{before,after}.json`` hold
 the table before and after it; ``seeded-sessions-{before,after}-29.json`` before and after issue 29 (``trainer/``
-regrouped by concern, one owner per engine fact, the long functions split into named steps).
+regrouped by concern, one owner per engine fact, the long functions split into named steps);
+``seeded-sessions-after-32.json`` after issue 32 (steps checked, skipped and smoothed on the device, sync
+rounds and snapshots behind the loop), merged with main at b7c588b: the same networks as after 29 (and as
+main at b7c588b).
 
     python benchmarks/seeded_sessions.py --out benchmarks/results/seeded-sessions-after.json \
         --compare benchmarks/results/seeded-sessions-before.json
