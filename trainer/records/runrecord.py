@@ -35,8 +35,8 @@ mixed in one series); ``elapsed_s`` counts from the first training iteration of 
 With a held-out set (:mod:`trainer.training.heldout`) a second kind of line holds each measurement on it, ``best``
 true when its selection score is the highest so far::
 
-    {"iteration": 1000, "heldout": {"selection": 0.31, "selection_parts": {"score": 0.31, "f1": 0.9,
-     "energy": 0.59, "coverage": 0.93, "precision": 0.88}, "flow_loss": 0.71, "energy_score": 0.29,
+    {"iteration": 1000, "heldout": {"selection": 0.31, "selection_f1": 0.9, "selection_energy": 0.59,
+     "selection_coverage": 0.93, "selection_precision": 0.88, "flow_loss": 0.71, "energy_score": 0.29,
      "energy_distance": 0.01, "w1": 0.05, "w1_raw": [0.02, ...], "coverage": 0.86, "precision": 0.81,
      "seconds": 0.02}, "best": true}
 

@@ -270,7 +270,10 @@ class HeldOutMetrics:
         """The ``heldout`` object of a metrics line."""
         return {
             "selection": self.selection.score,
-            "selection_parts": self.selection.record(),
+            "selection_f1": self.selection.f1,
+            "selection_energy": self.selection.energy,
+            "selection_coverage": self.selection.coverage,
+            "selection_precision": self.selection.precision,
             "flow_loss": self.flow_loss,
             "energy_score": self.energy_score,
             "energy_distance": self.energy_distance,
@@ -284,7 +287,7 @@ class HeldOutMetrics:
     def tracker_values(self) -> dict[str, float]:
         """Scalars for TensorBoard/MLflow, under ``heldout/``."""
         values = self.record()
-        del values["w1_raw"], values["selection_parts"]
+        del values["w1_raw"]
         return {f"heldout/{key}": float(value) for key, value in values.items()}
 
     def short(self) -> str:

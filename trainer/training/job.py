@@ -47,6 +47,7 @@ from trainer.training.recipes import (
     RecipeLook,
     RecipePilot,
     fixed_by_user,
+    pilot_plan,
     recipe_named,
 )
 from trainer.training.steps import GradientAveraging, Phase, StepInputs, TrainingStep, choose_step
@@ -274,11 +275,7 @@ class TrainingJob:
             layer_lr=self.options.layer_lr,
             spread_start=self.options.spread_start,
         )
-        names = ", ".join(recipe.name for recipe in RECIPES)
-        log(
-            f"la-trainer: recipe pilot: training {names} side by side; the one with the best held-out "
-            "selection score at iteration 1000 trains on (option recipe; trainer/training/recipes.py)"
-        )
+        log(f"la-trainer: recipe pilot: {pilot_plan()}")
 
     def _lane(self) -> Lane:
         """The job's own training state as a pilot candidate."""

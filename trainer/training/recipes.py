@@ -57,6 +57,7 @@ __all__ = [
     "RecipeLook",
     "RecipePilot",
     "fixed_by_user",
+    "pilot_plan",
     "recipe_named",
 ]
 
@@ -113,6 +114,15 @@ _KNOBS = ("time_distribution", "spread_start", "spread_gain", "draws_per_row")
 
 _LANE_STREAM = 7919
 """A candidate's generator seed: the config's Seed + its index times this (``standard``'s is the run's)."""
+
+
+def pilot_plan() -> str:
+    """The pilot in one sentence, for the log."""
+    names = ", ".join(recipe.name for recipe in RECIPES)
+    return (
+        f"training {names} side by side; the lowest held-out selection score stops at iteration {DROP_AT}, "
+        f"the best at iteration {PICK_AT} trains on (option recipe; trainer/training/recipes.py)"
+    )
 
 
 def recipe_named(name: str) -> Recipe:
