@@ -141,7 +141,9 @@ def test_candidates_step_only_during_the_pilot(monkeypatch: pytest.MonkeyPatch) 
         (replace(BASE, recipe="smooth"), "smooth", "option recipe"),
     ],
 )
-def test_no_pilot_when_something_fixes_the_recipe(options: TrainerOptions, recipe: str | None, why: str) -> None:
+def test_no_pilot_when_something_fixes_the_recipe(
+    options: TrainerOptions, recipe: str | None, why: str
+) -> None:
     job = _job(options)
     assert not job.pilot_wanted
     assert (job.recipe.name if job.recipe is not None else None) == recipe
@@ -226,7 +228,9 @@ def test_samples_far_from_every_demonstration_score_their_distance() -> None:
     """Every sample shifted by 10 demonstrated stds in every dimension: nothing within any radius (f1 0),
     all samples of a row equal (spread 0), so the energy is the RMS shift, 10, and the score -10."""
     _, evaluator = _evaluator()
-    far = SimpleNamespace(sample=lambda obs, x0, steps: _demonstrated(evaluator) + 10.0 * evaluator.select_scale)
+    far = SimpleNamespace(
+        sample=lambda obs, x0, steps: _demonstrated(evaluator) + 10.0 * evaluator.select_scale
+    )
     score = evaluator.select(far)
     assert score.f1 == 0.0 and score.coverage == 0.0 and score.precision == 0.0
     assert score.energy == pytest.approx(10.0, rel=1e-9) and score.score == pytest.approx(-10.0, rel=1e-9)
