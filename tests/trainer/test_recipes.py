@@ -14,6 +14,7 @@ import torch
 
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from protocol.snapshot import read_snapshot
+from trainer.errors import Diverged
 from trainer.settings.options import TrainerOptions
 from trainer.settings.time_density import TimeDensity
 from trainer.training import job as job_module
@@ -246,3 +247,24 @@ def test_the_selection_draws_do_not_depend_on_the_run_s_options() -> None:
     assert torch.equal(evaluator.select_obs, other.select_obs)
     assert evaluator.select(job.model) == other.select(job.model)
     assert not torch.equal(evaluator.loss_t, other.loss_t)  # the flow loss's draws do depend on them
+
+
+@pytest.mark.usefixtures("short_pilot")
+def test_a_diverged_leader_hands_over_to_a_live_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    _score_by_spread({0.0: 0.9, 6.0: 0.1, 2.0: 0.5}, monkeypatch)
+    job = _job(BASE)
+    job.step(0)
+    own_step = job._own_step
+
+    def diverge_once(iteration: int) -> float:
+        if iteration == 1:
+            raise Diverged("non-finite loss")
+        return own_step(iteration)
+
+    monkeypatch.setattr(job, "_own_step", diverge_once)
+    job.step(1)
+    assert job.recipe is not None and job.recipe.name == "sharp"  # the first live candidate
+    assert job.model.spread == (BASE.spread_start, 6.0)
+    monkeypatch.setattr(job, "_own_step", own_step)
+    _train_from(job, 2, RUN)
+    assert job.recipe is not None and job.recipe.name == "smooth"  # the better of the two left, at the drop

@@ -23,7 +23,7 @@ from protocol.nne.layers import Layer
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import Snapshot
 from trainer import __version__
-from trainer.errors import BadData
+from trainer.errors import BadData, Diverged
 from trainer.settings.options import TrainerOptions
 from trainer.system.console import log
 from trainer.system.diskspace import OptionalWrite
@@ -337,7 +337,22 @@ class TrainingJob:
         if pilot is not None:
             for name in pilot.step_others(iteration):
                 log(f"la-trainer: recipe pilot: {name} diverged at iteration {iteration}; it stops")
-        loss = self._own_step(iteration)
+        try:
+            loss = self._own_step(iteration)
+        except Diverged:
+            if pilot is None or not pilot.others:
+                raise
+            # [INF] A candidate that diverges during the pilot stops; the job's own is no exception.
+            failed, successor = self.recipe, pilot.others.pop(0)
+            self._install(successor)
+            pilot.leader = successor.recipe
+            log(
+                f"la-trainer: recipe pilot: {failed.name if failed else '?'} diverged at iteration {iteration}; "
+                f"it stops and {successor.recipe.name} leads"
+            )
+            loss = self.smoothed_loss
+            if not pilot.others:
+                pilot.done = True
         if pilot is not None and self.heldout is not None:
             look, lane = pilot.look(iteration + 1, self._lane(), self.heldout)
             if look is not None:
