@@ -1,6 +1,7 @@
-"""Tables for issue 33 phase 1 from research/rows/*.jsonl (runner.py rows).
+"""Tables for issue 33 phase 1 from benchmarks/results/selection/*.jsonl (runner.py rows).
 
-PYTHONPATH=. python research/analyze.py research/rows/tune.jsonl [...] [--seeds 100 101] [--section all]
+  python -m benchmarks.selection.analyze benchmarks/results/selection/recipes.jsonl [...] \
+      [--seeds 100 101] [--section all]
 """
 
 from __future__ import annotations
@@ -10,11 +11,24 @@ import itertools
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
+
+Row = dict[str, Any]
+"""One runner.py row (one training), as loaded from JSON."""
+Eval = dict[str, Any]
+"""One evaluation point of a row (``row["evals"]``)."""
+Pick = tuple[int, str, float, int | None]
+"""One pilot length's pick: (length, picked recipe, its final quality, its hold iteration)."""
+PilotLine = tuple[str, int, str, float, int | None, dict[str, float], dict[str, int | None], list[Pick]]
+"""One (task, seed) line of :func:`pilot`: task, seed, best recipe, its final quality and hold iteration,
+every candidate's final quality and hold iteration, and the picks."""
 
 
-def _rank(x):
+def _rank(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
     x = np.asarray(x, float)
     order = x.argsort(kind="mergesort")
     ranks = np.empty(len(x))
@@ -27,7 +41,7 @@ def _rank(x):
     return ranks
 
 
-def spearman(a, b):
+def spearman(a: npt.ArrayLike, b: npt.ArrayLike) -> float:
     ra, rb = _rank(a), _rank(b)
     ra -= ra.mean()
     rb -= rb.mean()
@@ -57,7 +71,7 @@ PRIMARY = {
 }
 
 # candidate selection metrics: name -> (source, key, sign); higher = better after the sign
-SPECS = {
+SPECS: dict[str, tuple[str, str | None, float]] = {
     "iteration": ("it", None, 1.0),
     "run_flow_loss(-)": ("heldout", "flow_loss", -1.0),
     "trainer_ES4(-)": ("heldout", "energy_score", -1.0),
@@ -94,15 +108,15 @@ SPECS = {
 }
 
 
-def getter(name, draw=0):
+def getter(name: str, draw: int | str = 0) -> Callable[[Eval], float]:
     src, key, sign = SPECS[name]
     if src == "sel":
 
-        def get(e, key=key, sign=sign, draw=draw):
+        def get(e: Eval, key: str | None = key, sign: float = sign, draw: int | str = draw) -> float:
             sel = e["sel"]
             if key not in sel[0]:
                 return math.nan
-            return sign * (0.5 * (sel[0][key] + sel[1][key]) if draw == "mean" else sel[draw][key])
+            return float(sign * (0.5 * (sel[0][key] + sel[1][key]) if draw == "mean" else sel[draw][key]))
 
         return get
     if src == "it":
@@ -124,7 +138,7 @@ COMBOS = {
 }
 
 
-def values(name, evs, draw=0):
+def values(name: str, evs: Sequence[Eval], draw: int | str = 0) -> list[float]:
     """Scores of the evaluations ``evs`` under metric ``name`` (a combination: the sum of its
     components' ranks within ``evs``)."""
     if name in COMBOS:
@@ -135,14 +149,14 @@ def values(name, evs, draw=0):
     return [getter(name, draw)(e) for e in evs]
 
 
-def quality(task, m):
+def quality(task: str, m: dict[str, float]) -> float:
     if PRIMARY[task] == "q":
         return min(m[k] / v for k, v in TARGETS[task].items())
     return m[PRIMARY[task]]
 
 
-def load(paths, seeds=None):
-    rows = []
+def load(paths: Sequence[str], seeds: Sequence[int] | None = None) -> list[Row]:
+    rows: list[Row] = []
     for p in paths:
         for line in open(p):
             r = json.loads(line)
@@ -151,13 +165,13 @@ def load(paths, seeds=None):
             r["name"] = r["variant"] + ("" if r["learning_rate"] == 1e-3 else f"@lr{r['learning_rate']:g}")
             rows.append(r)
     # last row wins per (task, seed, name)
-    by = {}
+    by: dict[tuple[str, int, str], Row] = {}
     for r in rows:
         by[(r["task"], r["seed"], r["name"])] = r
     return list(by.values())
 
 
-def sp(a, b):
+def sp(a: npt.ArrayLike, b: npt.ArrayLike) -> float:
     a, b = np.asarray(a, float), np.asarray(b, float)
     ok = np.isfinite(a) & np.isfinite(b)
     if ok.sum() < 3 or np.ptp(a[ok]) == 0 or np.ptp(b[ok]) == 0:
@@ -165,7 +179,7 @@ def sp(a, b):
     return spearman(a[ok], b[ok])
 
 
-def pair_acc(xs, qs, margin):
+def pair_acc(xs: Sequence[float], qs: Sequence[float], margin: float) -> tuple[float, float]:
     """Share of pairs with |dq| > margin that the metric orders as the quality does (ties count half)."""
     good = tot = 0.0
     for (x1, q1), (x2, q2) in itertools.combinations(zip(xs, qs, strict=False), 2):
@@ -189,7 +203,9 @@ MARGIN = {
 }
 
 
-def validation(rows, min_it=0, tasks=None):
+def validation(
+    rows: list[Row], min_it: int = 0, tasks: Sequence[str] | None = None
+) -> dict[str, dict[str, tuple[float, float, float, float, int]]]:
     """Spearman per task: pooled within seed across recipes (mean over seeds), same-iteration (mean over
     (seed, it) groups), same-iteration pairwise accuracy, and the draw noise."""
     tasks = tasks or sorted({r["task"] for r in rows}, key=list(TARGETS).index)
@@ -199,7 +215,9 @@ def validation(rows, min_it=0, tasks=None):
         seeds = sorted({r["seed"] for r in tr})
         res = {}
         for name in [*METRICS, *COMBOS]:
-            pooled, same, good, tot = [], [], 0.0, 0.0
+            pooled: list[float] = []
+            same: list[float] = []
+            good, tot = 0.0, 0.0
             for s in seeds:
                 evs = [e for r in tr if r["seed"] == s for e in r["evals"] if e["it"] >= min_it]
                 xs = values(name, evs)
@@ -210,8 +228,9 @@ def validation(rows, min_it=0, tasks=None):
                     ge = [e for e in evs if e["it"] == it]
                     grp = list(zip(values(name, ge), [quality(task, e["metrics"]) for e in ge], strict=False))
                     if len(grp) >= 3:
-                        same.append(sp(*zip(*grp, strict=False)))
-                        g, t = pair_acc(*zip(*grp, strict=False), MARGIN[task])
+                        gx, gq = zip(*grp, strict=False)
+                        same.append(sp(gx, gq))
+                        g, t = pair_acc(gx, gq, MARGIN[task])
                         good += g
                         tot += t
             res[name] = (
@@ -225,7 +244,9 @@ def validation(rows, min_it=0, tasks=None):
     return out
 
 
-def noise(rows, tasks=None):
+def noise(
+    rows: list[Row], tasks: Sequence[str] | None = None
+) -> dict[str, dict[str, tuple[float, float, float]]]:
     """Per metric and task: share of same-iteration recipe pairs whose order flips between draw 0 and 1,
     the draw-to-draw std (one draw), and the mean between-recipe std at the same iteration."""
     tasks = tasks or sorted({r["task"] for r in rows}, key=list(TARGETS).index)
@@ -237,7 +258,8 @@ def noise(rows, tasks=None):
             if src != "sel":
                 continue
             flips = tot = 0
-            diffs, spreads = [], []
+            diffs: list[float] = []
+            spreads: list[float] = []
             for s in sorted({r["seed"] for r in tr}):
                 evs = [e for r in tr if r["seed"] == s for e in r["evals"]]
                 for it in sorted({e["it"] for e in evs}):
@@ -257,9 +279,9 @@ def noise(rows, tasks=None):
     return out
 
 
-def hold_it(evals, task, budget=None):
+def hold_it(evals: Sequence[Eval], task: str, budget: int | None = None) -> int | None:
     """First evaluation point from which every target holds to the end (None: not reached)."""
-    first = None
+    first: int | None = None
     for e in evals:
         ok = all(e["metrics"].get(k, -1) >= v for k, v in TARGETS[task].items())
         if ok and first is None:
@@ -269,7 +291,7 @@ def hold_it(evals, task, budget=None):
     return first
 
 
-def main():
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--seeds", nargs="*", type=int)
@@ -282,8 +304,8 @@ def main():
     rows = load(a.paths, a.seeds)
     if a.section == "predict":
         ms = a.metric.split(",")
-        res = predict(rows, a.lengths, ms, a.cands if a.cands != ["all"] else None)
-        for task, d in res.items():
+        pred = predict(rows, a.lengths, ms, a.cands if a.cands != ["all"] else None)
+        for task, d in pred.items():
             print(
                 f"\n## predict {task}: Spearman(metric at P, final quality) across recipes, mean/min over seeds"
             )
@@ -312,18 +334,18 @@ def main():
         return
     if a.section in ("all", "validation"):
         val = validation(rows, a.min_it)
-        for task, res in val.items():
+        for task, vres in val.items():
             n = len({(r["seed"], r["name"]) for r in rows if r["task"] == task})
             print(
                 f"\n## {task} ({n} runs) metric: pooled-mean pooled-min same-it-spearman same-it-pair-acc (pairs)"
             )
-            for name, v in sorted(res.items(), key=lambda kv: -kv[1][2] if math.isfinite(kv[1][2]) else 9):
+            for name, v in sorted(vres.items(), key=lambda kv: -kv[1][2] if math.isfinite(kv[1][2]) else 9):
                 print(f"  {name:18s} {v[0]:6.3f} {v[1]:6.3f} {v[2]:6.3f} {v[3]:6.3f} ({v[4]})")
     if a.section in ("all", "noise"):
-        for task, res in noise(rows).items():
+        for task, nres in noise(rows).items():
             print(f"\n## noise {task}: flip-rate  draw-sd  between-recipe-sd(same it)")
-            for name, v in res.items():
-                print(f"  {name:18s} {v[0]:6.3f} {v[1]:8.4f} {v[2]:8.4f}")
+            for name, nv in nres.items():
+                print(f"  {name:18s} {nv[0]:6.3f} {nv[1]:8.4f} {nv[2]:8.4f}")
     if a.section in ("all", "final"):
         tasks = sorted({r["task"] for r in rows}, key=list(TARGETS).index)
         for task in tasks:
@@ -333,27 +355,35 @@ def main():
                 rs = sorted(
                     [r for r in rows if r["task"] == task and r["name"] == nm], key=lambda r: r["seed"]
                 )
-                fin = [r["evals"][-1]["metrics"] for r in rs]
-                cols = " ".join(f"{k}={min(f[k] for f in fin):.3f}" for k in TARGETS[task])
-                holds = [hold_it(r["evals"], task) for r in rs]
+                finals = [r["evals"][-1]["metrics"] for r in rs]
+                cols = " ".join(f"{k}={min(f[k] for f in finals):.3f}" for k in TARGETS[task])
+                hold_its = [hold_it(r["evals"], task) for r in rs]
                 spi = np.mean([r["seconds_per_iteration"] for r in rs]) * 1000
                 print(
-                    f"  {nm:12s} lowest {cols}  hold_it={holds} ms/it={spi:.2f} seeds={[r['seed'] for r in rs]}"
+                    f"  {nm:12s} lowest {cols}  hold_it={hold_its} ms/it={spi:.2f} seeds={[r['seed'] for r in rs]}"
                 )
 
 
-def at(r, it):
+def at(r: Row, it: int) -> Eval | None:
     for e in r["evals"]:
         if e["it"] == it:
-            return e
+            return cast(Eval, e)
     return None
 
 
-def pilot(rows, candidates, lengths, metric="f1_avg", draw=0, tasks=None, ms=None):
+def pilot(
+    rows: list[Row],
+    candidates: Sequence[str],
+    lengths: Sequence[int],
+    metric: str = "f1_avg",
+    draw: int | str = 0,
+    tasks: Sequence[str] | None = None,
+    ms: dict[str, float] | None = None,
+) -> list[PilotLine]:
     """For each task and seed: the candidate the metric picks at each pilot length, against the best
     candidate at the end of the budget (by the task's quality). ``ms``: name -> ms per iteration (cost)."""
     tasks = tasks or sorted({r["task"] for r in rows}, key=list(TARGETS).index)
-    lines = []
+    lines: list[PilotLine] = []
     for task in tasks:
         for s in sorted({r["seed"] for r in rows if r["task"] == task}):
             rs = {
@@ -363,27 +393,31 @@ def pilot(rows, candidates, lengths, metric="f1_avg", draw=0, tasks=None, ms=Non
                 continue
             fin = {n: quality(task, r["evals"][-1]["metrics"]) for n, r in rs.items()}
             holds = {n: hold_it(r["evals"], task) for n, r in rs.items()}
-            best = max(fin, key=fin.get)
-            picks = []
+            best = max(fin, key=lambda n: fin[n])
+            picks: list[Pick] = []
             for P in lengths:
                 names = [n for n, r in rs.items() if at(r, P)]
                 if len(names) < len(rs):
                     continue
-                sc = dict(zip(names, values(metric, [at(rs[n], P) for n in names], draw), strict=False))
-                pick = max(sc, key=sc.get)
+                sc = dict(
+                    zip(names, values(metric, [cast(Eval, at(rs[n], P)) for n in names], draw), strict=False)
+                )
+                pick = max(sc, key=lambda n: sc[n])
                 picks.append((P, pick, fin[pick], holds[pick]))
             lines.append((task, s, best, fin[best], holds[best], fin, holds, picks))
     return lines
 
 
-def predict(rows, lengths, metrics, names=None):
+def predict(
+    rows: list[Row], lengths: Sequence[int], metrics: Sequence[str], names: Sequence[str] | None = None
+) -> dict[str, dict[tuple[int, str], tuple[float, float]]]:
     """Spearman across recipes (one seed) between a metric at pilot length P and the task's quality at
     the end of the budget; 'quality@P' is the task's own quality at P (an oracle that sees the game)."""
-    out = defaultdict(dict)
+    out: defaultdict[str, dict[tuple[int, str], tuple[float, float]]] = defaultdict(dict)
     for task in sorted({r["task"] for r in rows}, key=list(TARGETS).index):
         for P in lengths:
             for m in ["quality@P", *metrics]:
-                vals = []
+                vals: list[float] = []
                 for s in sorted({r["seed"] for r in rows if r["task"] == task}):
                     rs = [
                         r
@@ -395,9 +429,9 @@ def predict(rows, lengths, metrics, names=None):
                         continue
                     fin = [quality(task, r["evals"][-1]["metrics"]) for r in rs]
                     if m == "quality@P":
-                        xs = [quality(task, at(r, P)["metrics"]) for r in rs]
+                        xs = [quality(task, cast(Eval, at(r, P))["metrics"]) for r in rs]
                     else:
-                        xs = values(m, [at(r, P) for r in rs])
+                        xs = values(m, [cast(Eval, at(r, P)) for r in rs])
                     vals.append(sp(xs, fin))
                 if vals:
                     out[task][(P, m)] = (float(np.mean(vals)), float(np.min(vals)))
@@ -417,18 +451,26 @@ BUDGET = {
 """Iterations within which the issue's target must hold (B3: 2,000 of its 10,000-iteration runs)."""
 
 
-def met_by(r, task, budget):
+def met_by(r: Row, task: str, budget: int) -> int | None:
     """First point from which the targets hold up to ``budget`` (the run's points beyond are ignored)."""
     evs = [e for e in r["evals"] if e["it"] <= budget]
     return hold_it(evs, task)
 
 
-def simulate(rows, cands, P, metric, cost, batch_factor, draw=0):
+def simulate(
+    rows: list[Row],
+    cands: Sequence[str],
+    P: int,
+    metric: str,
+    cost: dict[tuple[str, str], float],
+    batch_factor: Callable[[int], float],
+    draw: int | str = 0,
+) -> list[dict[str, Any]]:
     """Pilot: the candidates train side by side for P iterations each (cost: batch_factor(K) x the mean
     single cost per iteration), the metric picks one at P, which continues alone to the budget.
     Returns per (task, seed): pick, its final quality, hold iteration, and time-to-target against the
     best fixed recipe among every recipe measured (cost: name -> ms per iteration for that task)."""
-    res = []
+    res: list[dict[str, Any]] = []
     for task in sorted({r["task"] for r in rows}, key=list(TARGETS).index):
         B = BUDGET[task]
         for s in sorted({r["seed"] for r in rows if r["task"] == task}):
@@ -440,23 +482,23 @@ def simulate(rows, cands, P, metric, cost, batch_factor, draw=0):
             evs = [at(rs[n], P) for n in names]
             if any(e is None for e in evs):
                 continue
-            sc = dict(zip(names, values(metric, evs, draw), strict=False))
-            w = max(sc, key=sc.get)
+            sc = dict(zip(names, values(metric, cast(list[Eval], evs), draw), strict=False))
+            w = max(sc, key=lambda n: sc[n])
 
-            def last(r, budget=B):
-                return [e for e in r["evals"] if e["it"] <= budget][-1]
+            def last(r: Row, budget: int = B) -> Eval:
+                return cast(Eval, [e for e in r["evals"] if e["it"] <= budget][-1])
 
             qw = quality(task, last(rs[w])["metrics"])
             hw = met_by(rs[w], task, B)
 
-            def c(n, task=task):
+            def c(n: str, task: str = task) -> float:
                 return cost.get((task, n), 1.0)
 
             pilot_ms = P * batch_factor(len(names)) * float(np.mean([c(n) for n in names]))
             t = None if hw is None else pilot_ms + max(0, hw - P) * c(w)
             fixed = {n: met_by(r, task, B) for n, r in allr.items()}
             tf = {n: h * c(n) for n, h in fixed.items() if h is not None}
-            bestn = min(tf, key=tf.get) if tf else None
+            bestn = min(tf, key=lambda n: tf[n]) if tf else None
             bestq = max(quality(task, last(r)["metrics"]) for n, r in allr.items() if n in cands)
             res.append(
                 dict(
@@ -467,7 +509,7 @@ def simulate(rows, cands, P, metric, cost, batch_factor, draw=0):
                     hold=hw,
                     t=t,
                     best_fixed=bestn,
-                    t_best=tf.get(bestn),
+                    t_best=tf.get(bestn) if bestn is not None else None,
                     ratio=(t / tf[bestn]) if (t and bestn) else None,
                     best_cand_q=bestq,
                     oracle_in_cands=max(cands, key=lambda n: quality(task, last(rs[n])["metrics"])),

@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor
 
-from trainer.training.data import MIN_STD
+from trainer.training.data import MIN_STD, TrainingData
 from trainer.training.flow import flow_matching_loss, interpolate
+from trainer.training.model import FlowModel
 
 RADII = (0.1, 0.175, 0.25, 0.35, 0.5)
 BANDWIDTHS = (0.1, 0.25, 0.5)
@@ -27,15 +29,15 @@ def _subset(n: int, limit: int, g: torch.Generator) -> torch.Tensor:
 class Selector:
     def __init__(
         self,
-        model,
-        heldout,
+        model: FlowModel,
+        heldout: TrainingData,
         seed: int,
         draw: int,
         rows: int = 1024,
         k: int = 16,
         fl_rows: int = 4096,
         fl_draws: int = 4,
-    ):
+    ) -> None:
         t = model.tensor_data(heldout)
         g = torch.Generator().manual_seed(1_000_003 * (seed + 17) + 7919 * draw + 33)
         n = t.row_num
@@ -65,7 +67,7 @@ class Selector:
         self.rows = int(idx.numel())
 
     @torch.no_grad()
-    def _fl(self, model, draws) -> float:
+    def _fl(self, model: FlowModel, draws: tuple[Tensor, Tensor, Tensor, Tensor]) -> float:
         obs, x1, tt, x0 = draws
         enc, den = model.sampling_networks()
         p = interpolate(x0, x1, tt)
@@ -75,13 +77,13 @@ class Selector:
         return float(flow_matching_loss(pred, model.standardize_velocity(p.target)))
 
     @torch.no_grad()
-    def _fl_late(self, model, draws) -> float:
+    def _fl_late(self, model: FlowModel, draws: tuple[Tensor, Tensor, Tensor, Tensor]) -> float:
         obs, x1, tt, x0 = draws
         keep = tt[:, 0] >= 0.5
         return self._fl(model, (obs[keep], x1[keep], tt[keep], x0[keep]))
 
     @torch.no_grad()
-    def evaluate(self, model) -> dict[str, float]:
+    def evaluate(self, model: FlowModel) -> dict[str, float]:
         k, w = self.k, self.width
         obs = self.obs.repeat_interleave(k, 0)
         y = model.sample(obs, self.x0, STEPS).double() / self.scale
@@ -92,7 +94,9 @@ class Selector:
         near10 = self.demo[self.nb10]
         to5 = (torch.cdist(y, near5) / math.sqrt(w)).min(dim=2).values  # (S, K)
         to10 = (torch.cdist(y, near10) / math.sqrt(w)).min(dim=2).values
-        f1s, covs, precs = [], [], []
+        f1s: list[float] = []
+        covs: list[float] = []
+        precs: list[float] = []
         for r in RADII:
             for kk in (4, k):
                 cov = float((d_self[:, :kk].min(dim=1).values <= r).double().mean())

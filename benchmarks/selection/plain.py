@@ -6,7 +6,11 @@ init, Adam lr 1e-3, batch 256, t ~ U[0, 1), x_t = (1 - t) x0 + t x1, MSE to x1 -
 8 Euler steps from N(0, I).  Switches: --norm (standardise obs and actions per dimension, as the trainer
 does with AutoPerDimension), --time logit_normal:0,1 / ..., --ema 0.999, --fan-in (first layer's rate x
 fan_out/fan_in), --amsgrad, --wd W (AdamW), --engine-init (U(+-1/sqrt(fan_in)) weights, U(+-1/sqrt(fan_out))
-bias).  One JSON line per run."""
+bias).  One JSON line per run (issue 33's: benchmarks/results/selection/plain.jsonl).
+
+  python -m benchmarks.selection.plain --task four --seeds 100 101 --norm --fan-in --name plain+norm+fanin \
+      --out benchmarks/results/selection/plain.jsonl
+"""
 
 from __future__ import annotations
 
@@ -15,17 +19,22 @@ import copy
 import json
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from emulator.tasks import (
+    Demonstrations,
+    FloatArray,
+    Policy,
     bimodal,
     fourmode,
 )
 
-TASKS = {
+TASKS: dict[str, tuple[Callable[[int], Demonstrations], Callable[[Policy, int], dict[str, float]]]] = {
     "four": (fourmode.make_demonstrations, fourmode.evaluate_policy),
     "fourpi": (
         lambda s: fourmode.make_demonstrations(s, turn=np.pi),
@@ -35,7 +44,7 @@ TASKS = {
 }
 
 
-def sample_t(n, kind, g):
+def sample_t(n: int, kind: str, g: torch.Generator) -> Tensor:
     if kind == "uniform":
         return torch.rand((n, 1), generator=g)
     a, b = (float(v) for v in kind.split(":")[1].split(","))
@@ -73,10 +82,14 @@ def main() -> None:
         net = nn.Sequential(nn.Linear(5, 128), nn.ELU(), nn.Linear(128, 128), nn.ELU(), nn.Linear(128, 2))
         if a.engine_init:
             with torch.no_grad():
-                for m in net:
-                    if isinstance(m, nn.Linear):
-                        m.weight.uniform_(-1 / math.sqrt(m.in_features), 1 / math.sqrt(m.in_features))
-                        m.bias.uniform_(-1 / math.sqrt(m.out_features), 1 / math.sqrt(m.out_features))
+                for layer in net:
+                    if isinstance(layer, nn.Linear):
+                        layer.weight.uniform_(
+                            -1 / math.sqrt(layer.in_features), 1 / math.sqrt(layer.in_features)
+                        )
+                        layer.bias.uniform_(
+                            -1 / math.sqrt(layer.out_features), 1 / math.sqrt(layer.out_features)
+                        )
         first = [net[0].weight, net[0].bias]
         rest = [p for p in net.parameters() if all(p is not q for q in first)]
         groups = [{"params": first, "lr": a.lr * (128 / 5 if a.fan_in else 1)}, {"params": rest, "lr": a.lr}]
@@ -87,7 +100,8 @@ def main() -> None:
         )
         ema = copy.deepcopy(net).requires_grad_(False) if a.ema > 0 else None
         g = torch.Generator().manual_seed(1234 + seed)
-        evals, secs = [], 0.0
+        evals: list[dict[str, Any]] = []
+        secs = 0.0
         for it in range(1, a.iterations + 1):
             t0 = time.perf_counter()
             i = torch.randint(on.shape[0], (256,), generator=g)
@@ -110,7 +124,15 @@ def main() -> None:
                 rng = np.random.default_rng([eval_seed, seed, 8])
 
                 @torch.no_grad()
-                def policy(ob, model=model, rng=rng, om=om, os_=os_, as_=as_, am=am):
+                def policy(
+                    ob: FloatArray,
+                    model: nn.Module = model,
+                    rng: np.random.Generator = rng,
+                    om: Tensor = om,
+                    os_: Tensor = os_,
+                    as_: Tensor = as_,
+                    am: Tensor = am,
+                ) -> FloatArray:
                     o = (torch.from_numpy(ob) - om) / os_
                     x = torch.from_numpy(rng.standard_normal((ob.shape[0], 2)).astype(np.float32))
                     for k in range(8):

@@ -9,7 +9,7 @@ separate trainer steps, one torch thread. Prototype for timing only (issue 33, p
   (d) vmap : torch.func.vmap(grad(functional_call)) over stacked parameters, AdamW as in (b)
 Each candidate has its own time density (a per-candidate quantile of U), spread gain and EMA decay.
 
-  PYTHONPATH=. python research/population.py --out research/rows/population.jsonl
+  python -m benchmarks.selection.population --out benchmarks/results/selection/population.jsonl
 """
 
 from __future__ import annotations
@@ -20,18 +20,22 @@ import io
 import json
 import math
 import time
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-SHAPES = {  # task: (input width = latents + A + 1, A, hidden, layers(HiddenLayerNum + 2))
+Shape = tuple[int, int, int, int]
+
+SHAPES: dict[str, Shape] = {  # task: (input width = latents + A + 1, A, hidden, layers(HiddenLayerNum + 2))
     "b1": (5, 2, 128, 3),
     "b2": (19, 16, 128, 3),
     "demo": (19, 16, 256, 4),
 }
 
 
-def sizes(inp, out, hid, layers):
+def sizes(inp: int, out: int, hid: int, layers: int) -> list[tuple[int, int]]:
     return [(inp if i == 0 else hid, out if i == layers - 1 else hid) for i in range(layers)]
 
 
@@ -39,10 +43,13 @@ class Population:
     """K stacked MLPs (engine layout), per-candidate t-density parameters (logit-normal loc, scale) and
     spread gain; shared batch rows."""
 
-    def __init__(self, k, inp, out, hid, layers, batch=256, seed=0):
+    def __init__(
+        self, k: int, inp: int, out: int, hid: int, layers: int, batch: int = 256, seed: int = 0
+    ) -> None:
         g = torch.Generator().manual_seed(seed)
         self.k, self.batch, self.out = k, batch, out
-        self.ws, self.bs = [], []
+        self.ws: list[Tensor] = []
+        self.bs: list[Tensor] = []
         for fi, fo in sizes(inp, out, hid, layers):
             self.ws.append(((torch.rand((k, fi, fo), generator=g) * 2 - 1) / math.sqrt(fi)).requires_grad_())
             self.bs.append(((torch.rand((k, 1, fo), generator=g) * 2 - 1) / math.sqrt(fo)).requires_grad_())
@@ -56,7 +63,7 @@ class Population:
         self.obs = torch.randn((n, inp - out - 1), generator=g)
         self.x1 = torch.randn((n, out), generator=g)
 
-    def draws(self):
+    def draws(self) -> tuple[Tensor, Tensor]:
         k, b = self.k, self.batch
         idx = torch.randint(self.obs.shape[0], (b,), generator=self.g)
         obs, x1 = self.obs[idx].expand(k, b, -1), self.x1[idx].expand(k, b, -1)
@@ -67,7 +74,7 @@ class Population:
         xt = x0 + t * (x1 - x0)
         return torch.cat((obs, xt, t), 2), x1 - x0
 
-    def forward(self, x, params=None):
+    def forward(self, x: Tensor, params: list[Tensor] | None = None) -> Tensor:
         ws, bs = (self.ws, self.bs) if params is None else (params[0::2], params[1::2])
         h = x
         for i, (w, b) in enumerate(zip(ws, bs, strict=False)):
@@ -77,13 +84,13 @@ class Population:
         return h
 
     @torch.no_grad()
-    def update_ema(self):
+    def update_ema(self) -> None:
         w = 1 - self.decay
         for e, p in zip(self.ema, self.params, strict=False):
             e.lerp_(p, w.view(-1, *([1] * (p.dim() - 1))))
 
 
-def time_it(fn, n, warm=50, chunks=10):
+def time_it(fn: Callable[[], object], n: int, warm: int = 50, chunks: int = 10) -> float:
     """Milliseconds per call: the fastest of ``chunks`` blocks of n/chunks calls (the least disturbed by
     other processes on a shared machine)."""
     for _ in range(warm):
@@ -98,7 +105,7 @@ def time_it(fn, n, warm=50, chunks=10):
     return best
 
 
-def bmm_autograd(k, shape, n):
+def bmm_autograd(k: int, shape: Shape, n: int) -> float:
     pop = Population(k, *shape)
     opt = torch.optim.AdamW(
         [
@@ -110,18 +117,18 @@ def bmm_autograd(k, shape, n):
         foreach=True,
     )
 
-    def step():
+    def step() -> None:
         x, target = pop.draws()
         loss = ((pop.forward(x) - target) ** 2).mean(dim=(1, 2)).sum()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         pop.update_ema()
 
     return time_it(step, n)
 
 
-def vmap_step(k, shape, n):
+def vmap_step(k: int, shape: Shape, n: int) -> float:
     from torch.func import functional_call, grad, vmap
 
     inp, out, hid, layers = shape
@@ -139,12 +146,12 @@ def vmap_step(k, shape, n):
         v.requires_grad_()
     opt = torch.optim.AdamW(list(stacked.values()), lr=1e-3, weight_decay=1e-4, amsgrad=True, foreach=True)
 
-    def loss_fn(params, x, target):
-        return ((functional_call(net, params, (x,)) - target) ** 2).mean()
+    def loss_fn(params: dict[str, Tensor], x: Tensor, target: Tensor) -> Tensor:
+        return cast(Tensor, ((functional_call(net, params, (x,)) - target) ** 2).mean())
 
     gfn = vmap(grad(loss_fn))
 
-    def step():
+    def step() -> None:
         x, target = pop.draws()
         grads = gfn(stacked, x, target)
         for n_ in names:
@@ -157,7 +164,7 @@ def vmap_step(k, shape, n):
 class FusedPopulation:
     """Preallocated buffers, hand-written bmm backward, flat parameters, fused AdamW (amsgrad)."""
 
-    def __init__(self, k, inp, out, hid, layers):
+    def __init__(self, k: int, inp: int, out: int, hid: int, layers: int) -> None:
         self.pop = Population(k, inp, out, hid, layers)
         self.k = k
         shapes = [p.shape for p in self.pop.params]
@@ -183,7 +190,7 @@ class FusedPopulation:
             dec.append((1 - self.pop.decay.view(k, 1)).expand(k, math.prod(s[1:])).reshape(-1))
         self.ema_w = torch.cat(dec)
 
-    def step(self):
+    def step(self) -> None:
         x, target = self.pop.draws()
         acts = [x]
         h = x
@@ -220,7 +227,7 @@ class FusedPopulation:
         self.eflat.lerp_(self.flat, self.ema_w)
 
 
-def matmul_floor(k, shape, n):
+def matmul_floor(k: int, shape: Shape, n: int) -> float:
     """Only the matrix products of one step (forward baddbmm, backward two bmm per layer): what batching
     cannot remove."""
     inp, out, hid, layers = shape
@@ -230,7 +237,7 @@ def matmul_floor(k, shape, n):
     x = torch.randn((k, 256, inp))
     gws = [torch.empty_like(w) for w in ws]
 
-    def step():
+    def step() -> None:
         acts = [x]
         h = x
         for w, b in zip(ws, bs, strict=False):
@@ -245,7 +252,7 @@ def matmul_floor(k, shape, n):
     return time_it(step, n)
 
 
-def sep_fused(task, n):
+def sep_fused(task: str, n: int) -> float:
     from benchmarks.selection.runner import ALL
     from benchmarks.time_to_quality.run import make_job
     from benchmarks.time_to_quality.variants import DEFAULT
@@ -253,7 +260,7 @@ def sep_fused(task, n):
     job, _ = make_job(ALL[task], 100, DEFAULT, 1e-3, 10**6)
     i = [0]
 
-    def step():
+    def step() -> None:
         with contextlib.redirect_stdout(io.StringIO()):
             job.step(i[0])
         i[0] += 1
@@ -261,7 +268,7 @@ def sep_fused(task, n):
     return time_it(step, n)
 
 
-def main():
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--ks", nargs="+", type=int, default=[1, 2, 3, 4, 8])
@@ -270,19 +277,20 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for task in a.tasks:
         shape = SHAPES[task]
         base = sep_fused(task, a.n)
         rows.append({"task": task, "method": "sep-fused", "k": 1, "ms": base})
         print(task, "sep-fused K=1", f"{base:.3f} ms", flush=True)
         for k in a.ks:
-            for name, fn in (
+            methods: tuple[tuple[str, Callable[..., float]], ...] = (
                 ("bmm-fused", lambda k=k, shape=shape: time_it(FusedPopulation(k, *shape).step, a.n)),
                 ("matmul-floor", lambda k=k, shape=shape: matmul_floor(k, shape, a.n)),
                 ("bmm-autograd", lambda k=k, shape=shape: bmm_autograd(k, shape, a.n)),
                 ("vmap", lambda k=k, shape=shape: vmap_step(k, shape, a.n // 2)),
-            ):
+            )
+            for name, fn in methods:
                 if name not in a.methods:
                     continue
                 ms = fn()

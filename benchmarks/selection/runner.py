@@ -1,10 +1,10 @@
 """One training per (task, seed, variant, lr) through the time-to-quality harness's job (the trainer's own
 TrainingJob, engine inference path for the task metrics), with the candidate selection metrics
-(research/selection.py, two draws) and the trainer's own held-out metrics at every point.
-Appends one JSON line per training to --out.
+(benchmarks/selection/metrics.py, two draws) and the trainer's own held-out metrics at every point.
+Appends one JSON line per training to --out (issue 33's: benchmarks/results/selection/recipes.jsonl).
 
-  PYTHONPATH=/work/q33 python research/runner.py --tasks b1 --seeds 100 --variants default \
-      "s6=time_distribution:logit_normal:0.5,1;spread_gain:6" --out research/rows/x.jsonl
+  python -m benchmarks.selection.runner --tasks b1 --seeds 100 --variants default \
+      "s6=time_distribution:logit_normal:0.5,1;spread_gain:6" --out benchmarks/results/selection/x.jsonl
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ import torch
 from benchmarks.selection.metrics import Selector
 from benchmarks.time_to_quality.run import SEED_OFFSET, commit, evaluation_points, make_job
 from benchmarks.time_to_quality.tasks import NFE, TASKS, Target, TaskDef, engine_policy
-from benchmarks.time_to_quality.variants import parse_variant
+from benchmarks.time_to_quality.variants import Variant, parse_variant
 from emulator.session import EngineTask
 from emulator.tasks import fourmode
 from trainer.errors import Diverged
@@ -71,14 +72,16 @@ def heldout_data(task: TaskDef, seed: int, options: TrainerOptions) -> TrainingD
 
 
 def run_one(
-    task: TaskDef, seed: int, variant, lr: float, eval_seed: int, iterations: int, sel_draws: int = 2
-) -> dict:
+    task: TaskDef, seed: int, variant: Variant, lr: float, eval_seed: int, iterations: int, sel_draws: int = 2
+) -> dict[str, Any]:
     torch.set_num_threads(1)
     job, received = make_job(task, seed, variant, lr, iterations)
     held = heldout_data(task, seed, job.options)
     selectors = [Selector(job.model, held, seed, d) for d in range(sel_draws)]
     points = sorted({*evaluation_points(task, iterations), *[p for p in PILOT if p < iterations]})
-    evals, done, secs, diverged = [], 0, 0.0, None
+    evals: list[dict[str, Any]] = []
+    done, secs = 0, 0.0
+    diverged: str | None = None
     for point in points:
         t0 = time.perf_counter()
         try:
