@@ -73,6 +73,7 @@ PRIMARY = {
 # candidate selection metrics: name -> (source, key, sign); higher = better after the sign
 SPECS: dict[str, tuple[str, str | None, float]] = {
     "iteration": ("it", None, 1.0),
+    "selection": ("selection", None, 1.0),
     "run_flow_loss(-)": ("heldout", "flow_loss", -1.0),
     "trainer_ES4(-)": ("heldout", "energy_score", -1.0),
     "trainer_cov4": ("heldout", "coverage", 1.0),
@@ -119,6 +120,13 @@ def getter(name: str, draw: int | str = 0) -> Callable[[Eval], float]:
             return float(sign * (0.5 * (sel[0][key] + sel[1][key]) if draw == "mean" else sel[draw][key]))
 
         return get
+    if src == "selection":
+        # The trainer's selection score (trainer/training/heldout.py): f1_avg - es16.
+        def score(e: Eval, draw: int | str = draw) -> float:
+            parts = [e["sel"][0], e["sel"][1]] if draw == "mean" else [e["sel"][draw]]
+            return float(sum(p["f1_avg"] - p["es16"] for p in parts) / len(parts))
+
+        return score
     if src == "it":
         return lambda e: float(e["it"])
     if src == "heldout":
@@ -317,6 +325,14 @@ def main() -> None:
                     )
                 )
         return
+    if a.section == "halving":
+        print(
+            f"\n## the trainer's pilot: {a.cands}, the lowest {a.metric} stops at {a.lengths[0]}, the best at "
+            f"{a.lengths[-1]} goes on; its final quality against the best candidate's (* within the margin)"
+        )
+        for task, seed, line in halving(rows, a.cands, a.lengths[0], a.lengths[-1], a.metric):
+            print(f"  {task:6s} s{seed:<3d} {line}")
+        return
     if a.section == "pilot":
         for metric in a.metric.split(","):
             print(
@@ -369,6 +385,42 @@ def at(r: Row, it: int) -> Eval | None:
         if e["it"] == it:
             return cast(Eval, e)
     return None
+
+
+def halving(
+    rows: list[Row], candidates: Sequence[str], drop: int, pick: int, metric: str
+) -> list[tuple[str, int, str]]:
+    """Per task and seed: the candidate the trainer's pilot (trainer/training/recipes.py) keeps, scoring
+    with ``metric`` (draw 0): the lowest stops at ``drop``, the best of the rest is kept at ``pick``."""
+    out = []
+    for task in sorted({r["task"] for r in rows}, key=list(TARGETS).index):
+        for seed in sorted({r["seed"] for r in rows if r["task"] == task}):
+            rs = {
+                r["name"]: r
+                for r in rows
+                if r["task"] == task and r["seed"] == seed and r["name"] in candidates
+            }
+            if len(rs) < len(candidates) or any(
+                at(r, drop) is None or at(r, pick) is None for r in rs.values()
+            ):
+                continue
+            get = getter(metric)
+            first = {n: get(cast(Eval, at(r, drop))) for n, r in rs.items()}
+            stopped = min(first, key=lambda n: first[n])
+            second = {n: get(cast(Eval, at(r, pick))) for n, r in rs.items() if n != stopped}
+            kept = max(second, key=lambda n: second[n])
+            final = {n: quality(task, r["evals"][-1]["metrics"]) for n, r in rs.items()}
+            best = max(final, key=lambda n: final[n])
+            good = final[kept] >= final[best] - MARGIN[task]
+            finals = " ".join(f"{n}={final[n]:.3f}" for n in candidates)
+            out.append(
+                (
+                    task,
+                    seed,
+                    f"stops {stopped:9s} keeps {kept:9s}{'*' if good else ' '} {final[kept]:.3f} | {finals}",
+                )
+            )
+    return out
 
 
 def pilot(
