@@ -91,7 +91,12 @@ def table(rows: Sequence[Row]) -> list[str]:
         for variant in variants:
             seeded = sorted(by[(task, variant)], key=lambda r: r["seed"])
             holds[variant] = [hold(r, budget) for r in seeded]
-        fixed = [v for v in variants if v != "default" and all(h[0] is not None for h in holds[v])]
+        # The best fixed recipe on the task's own network (a row of another network is named "...@LxS").
+        fixed = [
+            v
+            for v in variants
+            if not v.startswith("default") and "@" not in v and all(h[0] is not None for h in holds[v])
+        ]
         best = min(fixed, key=lambda v: max(float(h[1] or 0.0) for h in holds[v]), default=None)
         targets = ", ".join(str(t) for t in TASKS[task].targets)
         for variant in variants:
@@ -120,7 +125,10 @@ def table(rows: Sequence[Row]) -> list[str]:
                     (own / ref[0]) if own is not None and ref[0] else math.inf
                     for own, ref in zip(steps, holds[best], strict=False)
                 ]
-                cost = f"{max(step_ratios):.2f}x, {max(ratios):.2f}x ({best})" if ratios else ""
+                if ratios and all(math.isfinite(r) for r in ratios):
+                    cost = f"{max(step_ratios):.2f}x, {max(ratios):.2f}x ({best})"
+                else:
+                    cost = f"not held on every seed ({best} is)"
             name = "**default (pilot)**" if variant == "default" else variant
             first = f"{task} ({targets}; {budget:,})" if variant == variants[0] else ""
             lines.append(
