@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from trainer.commands.report import report_command
+from trainer.records.progress import STATUS_FILE_NAME, read_status
 from trainer.records.runrecord import HELDOUT_ACTIONS_FILE, find_run_folders, read_metrics
 from trainer.session.app import InterruptFlag, run_with_link
 from trainer.session.links import MemoryLink
-from trainer.records.progress import STATUS_FILE_NAME, read_status
 from trainer.settings.options import TrainerOptions
 from trainer.training import job as job_module
 from trainer.training import recipes
@@ -128,9 +128,10 @@ def test_the_recipe_pilot_reaches_the_record_the_status_and_the_report(
     assert [(look["iteration"], look["stage"]) for look in looks] == [(50, "drop"), (100, "pick")]
     assert len(looks[0]["scores"]) == 3 and len(looks[1]["scores"]) == 2 and len(looks[0]["stopped"]) == 1
     chosen = looks[1]["chosen"]
-    assert chosen in looks[1]["scores"] and max(
-        looks[1]["scores"], key=lambda name: looks[1]["scores"][name]["score"]
-    ) == chosen
+    assert (
+        chosen in looks[1]["scores"]
+        and max(looks[1]["scores"], key=lambda name: looks[1]["scores"][name]["score"]) == chosen
+    )
     record = json.loads((folder / "run.json").read_text(encoding="utf-8"))["recipe"]
     assert record["name"] == chosen and record["chosen_by"] == "pilot" and len(record["looks"]) == 2
     status = read_status(task_dir / STATUS_FILE_NAME)
