@@ -17,7 +17,7 @@ import io
 import math
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,18 @@ def make_job(
     return job, received
 
 
+def held_from(task: TaskDef, evals: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The first evaluation from which every later one meets the targets (a target "within N" counts from
+    there), or None when the last one does not."""
+    held = None
+    for evaluation in evals:
+        if meets(task.targets, evaluation["metrics"]):
+            held = held or evaluation
+        else:
+            held = None
+    return held
+
+
 def evaluation_points(task: TaskDef, iterations: int, every: int | None = None) -> list[int]:
     """Iterations after which the networks are evaluated: every ``every`` (the task's spacing) and the end."""
     step = every or task.eval_every
@@ -161,13 +173,15 @@ def train_and_evaluate(
         blobs = encode_networks(received, job.export())
         policy = engine_policy(task, blobs, np.random.default_rng([eval_seed, seed, NFE]))
         metrics = task.evaluate(policy, eval_seed)
-        evals.append({"it": point, "train_s": round(seconds, 3), "metrics": metrics})
+        recipe = job.recipe.name if job.recipe is not None else "custom"
+        evals.append({"it": point, "train_s": round(seconds, 3), "metrics": metrics, "recipe": recipe})
         if progress:
             shown = " ".join(f"{t.metric}={metrics[t.metric]:.3f}" for t in task.targets)
             print(f"  {task.key} s{seed} {variant.name} lr={learning_rate:g} it {point}: {shown}", flush=True)
         if stop_at_target and meets(task.targets, metrics):
             break
     first = next((e for e in evals if meets(task.targets, e["metrics"])), None)
+    holds = held_from(task, evals)
     return {
         "task": task.key,
         "seed": seed,
@@ -185,6 +199,9 @@ def train_and_evaluate(
         "evals": evals,
         "target_it": None if first is None else first["it"],
         "target_s": None if first is None else first["train_s"],
+        "holds_it": None if holds is None else holds["it"],
+        "holds_s": None if holds is None else holds["train_s"],
+        "recipe": job.recipe_record(),
         "seconds_per_iteration": seconds / done if done else math.nan,
         "diverged": diverged,
         "commit": commit(),

@@ -16,7 +16,7 @@ import numpy as np
 
 from benchmarks.quality_harness.evaluation import ChunkStepper
 from emulator.inference import EnginePolicy
-from emulator.tasks import Demonstrations, Policy, avoid, bimodal, pendulum, sensors
+from emulator.tasks import Demonstrations, Policy, avoid, bimodal, fourmode, pendulum, sensors
 from protocol.engine.chunks import ChunkLayout
 from protocol.schema import parse_schema
 
@@ -81,6 +81,10 @@ episodes moves by a few hundredths between evaluation draws of one policy, which
 differences the benchmark decides on (issue 23 asks for >= 1,000 per seed)."""
 
 
+def _four(policy: Policy, seed: int) -> dict[str, float]:
+    return fourmode.evaluate_policy(policy, seed)
+
+
 def _b2(execute: int) -> Callable[[Policy, int], dict[str, float]]:
     def evaluate(policy: Policy, seed: int) -> dict[str, float]:
         m = avoid.evaluate_policy(policy, seed, rollout_num=B2_EPISODES, execute=execute)
@@ -126,6 +130,17 @@ TASKS: Mapping[str, TaskDef] = {
             _B1_TARGETS,
             budget=5_000,
             eval_every=500,
+        ),
+        TaskDef(
+            "four",
+            "Four modes: B1 with four action modes a quarter turn apart (open loop)",
+            fourmode.OBSERVATION_SCHEMA,
+            fourmode.ACTION_SCHEMA,
+            lambda seed: fourmode.make_demonstrations(seed),
+            _four,
+            (Target("on_mode", 0.95),),
+            budget=10_000,
+            eval_every=1_000,
         ),
         TaskDef(
             "b2",

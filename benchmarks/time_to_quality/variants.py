@@ -35,6 +35,7 @@ TRAINING_KNOBS = frozenset(
         "distill_fraction",
         "draws_per_row",
         "heldout_share",
+        "recipe",
     }
 )
 """Options that change what is trained or how (the engine loop pins each of them)."""
@@ -72,6 +73,7 @@ ENGINE_LOOP_OPTIONS: Mapping[str, object] = {
     "distill_fraction": 0.25,
     "draws_per_row": 1,
     "heldout_share": 0.0,
+    "recipe": "auto",
 }
 """An engine-style loop, as far as the engine's settings and spec §6.4/§7.2 say (its flow-matching trainer
 source has not been seen): t ~ U[0, 1), no EMA, one learning rate for every weight, the plain linear path

@@ -16,10 +16,13 @@ from click.testing import CliRunner
 
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from trainer.commands.report import report_command
+from trainer.records.progress import STATUS_FILE_NAME, read_status
 from trainer.records.runrecord import HELDOUT_ACTIONS_FILE, find_run_folders, read_metrics
 from trainer.session.app import InterruptFlag, run_with_link
 from trainer.session.links import MemoryLink
 from trainer.settings.options import TrainerOptions
+from trainer.training import job as job_module
+from trainer.training import recipes
 
 ITERATIONS = 250
 OPTIONS = TrainerOptions(
@@ -55,7 +58,7 @@ def test_the_measurements_reach_the_record_the_progress_line_and_the_report(tmp_
     code, output = _run(tmp_path / "Training0", OPTIONS)
     assert code == 0, output
     assert "held out 13 of 64 episodes" in output
-    assert "held-out loss " in output  # the progress line carries the latest numbers
+    assert "held-out selection " in output  # the progress line carries the latest numbers
     (folder,) = find_run_folders(tmp_path / "Training0")
     points = read_metrics(folder)
     measured = [p for p in points if "heldout" in p]
@@ -64,6 +67,11 @@ def test_the_measurements_reach_the_record_the_progress_line_and_the_report(tmp_
     for point in measured:
         values = point["heldout"]
         assert set(values) == {
+            "selection",
+            "selection_f1",
+            "selection_energy",
+            "selection_coverage",
+            "selection_precision",
             "flow_loss",
             "energy_score",
             "energy_distance",
@@ -85,7 +93,7 @@ def test_the_measurements_reach_the_record_the_progress_line_and_the_report(tmp_
     picture = tmp_path / "report.png"
     result = CliRunner().invoke(report_command, [str(folder), "--out", str(picture)])
     assert result.exit_code == 0, result.output
-    assert "held-out: energy score" in result.output
+    assert "held-out: selection score" in result.output
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # three panels side by side: wider than the loss-only picture (7 x 4 inches at 110 dpi)
     width = int.from_bytes(picture.read_bytes()[16:20], "big")
@@ -96,7 +104,41 @@ def test_without_a_held_out_set_nothing_of_it_appears(tmp_path: Path) -> None:
     code, output = _run(tmp_path / "Training0", replace(OPTIONS, heldout_min_episodes=65))
     assert code == 0, output
     assert "nothing held out: 64 episodes, fewer than heldout_min_episodes (65)" in output
-    assert "held-out loss" not in output
+    assert "held-out selection" not in output
     (folder,) = find_run_folders(tmp_path / "Training0")
     assert not any("heldout" in p for p in read_metrics(folder))
     assert not (folder / HELDOUT_ACTIONS_FILE).exists()
+
+
+def test_the_recipe_pilot_reaches_the_record_the_status_and_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pilot (trainer/training/recipes.py) on a schedule scaled to the run: looks after 50 and 100
+    iterations, each a metrics line, run.json's ``recipe``, the status file's recipe and the report's
+    text and picture."""
+    monkeypatch.setattr(recipes, "DROP_AT", 50)
+    monkeypatch.setattr(recipes, "PICK_AT", 100)
+    monkeypatch.setattr(job_module, "MIN_ITERATIONS", 200)
+    task_dir = tmp_path / "Training0"
+    code, output = _run(task_dir, OPTIONS)
+    assert code == 0, output
+    assert "recipe pilot: training standard, sharp, smooth side by side" in output
+    (folder,) = find_run_folders(task_dir)
+    looks = [p["recipe"] for p in read_metrics(folder) if "recipe" in p]
+    assert [(look["iteration"], look["stage"]) for look in looks] == [(50, "drop"), (100, "pick")]
+    assert len(looks[0]["scores"]) == 3 and len(looks[1]["scores"]) == 2 and len(looks[0]["stopped"]) == 1
+    chosen = looks[1]["chosen"]
+    assert (
+        chosen in looks[1]["scores"]
+        and max(looks[1]["scores"], key=lambda name: looks[1]["scores"][name]["score"]) == chosen
+    )
+    record = json.loads((folder / "run.json").read_text(encoding="utf-8"))["recipe"]
+    assert record["name"] == chosen and record["chosen_by"] == "pilot" and len(record["looks"]) == 2
+    status = read_status(task_dir / STATUS_FILE_NAME)
+    assert status.recipe == chosen and "chosen at iteration 100" in status.recipe_note
+
+    pytest.importorskip("matplotlib")
+    result = CliRunner().invoke(report_command, [str(folder), "--out", str(tmp_path / "report.png")])
+    assert result.exit_code == 0, result.output
+    assert f"recipe: {chosen} chosen at 100 by the held-out selection score" in result.output
+    assert "recipe pilot at 50: selection score" in result.output

@@ -24,6 +24,7 @@ from trainer.training.data import TrainingData
 from trainer.training.heldout import (
     SAMPLES_PER_ROW,
     HeldOutMetrics,
+    Selection,
     energy_distance,
     energy_score,
     heldout_episode_count,
@@ -230,7 +231,9 @@ def test_nothing_held_out_means_byte_identical_training(options: TrainerOptions)
 
 
 def _metrics(iteration: int, loss: float) -> HeldOutMetrics:
-    return HeldOutMetrics(iteration, loss, 1.0, 0.1, 0.1, (0.1, 0.1), 0.5, 0.5, 0.0)
+    """A measurement whose selection score is ``-loss`` (the lower ``loss``, the better)."""
+    selection = Selection(score=-loss, f1=0.5, energy=0.5 + loss, coverage=0.5, precision=0.5)
+    return HeldOutMetrics(iteration, selection, loss, 1.0, 0.1, 0.1, (0.1, 0.1), 0.5, 0.5, 0.0)
 
 
 @pytest.mark.parametrize("send_best", [False, True])
@@ -253,7 +256,7 @@ def test_the_best_networks_go_out_only_when_asked(send_best: bool, monkeypatch: 
     for iteration in (10, 20, 30):
         round_.measure(iteration)
     assert written == [(10, True), (20, True), (30, False)]
-    assert reporter.note == "held-out loss 0.4000 ES 1.000 cov 0.50"
+    assert reporter.note == "held-out selection -0.400 loss 0.4000 ES 1.000 cov 0.50"
     last = {0: "last"}
     expected = {0: "best"} if send_best else last
     assert round_.final_networks(last) == expected  # type: ignore[arg-type]

@@ -1,8 +1,10 @@
 """``la-trainer report RUN``: a run's loss curve from its metrics log, as a PNG and a few lines of text.
 
 With a held-out set (:mod:`trainer.training.heldout`, option ``heldout_share``) the picture has two more panels:
-the held-out metrics over iterations (energy score; coverage and precision) and the demonstrated against
-the sampled actions on the held-out observations at the last measurement (``heldout-actions.json``).
+the held-out metrics over iterations (the selection score that picks the recipe and the best networks, with
+the recipe pilot's looks marked; coverage and precision) and the demonstrated against the sampled actions
+on the held-out observations at the last measurement (``heldout-actions.json``). The text names the recipe
+trained and why (:mod:`trainer.training.recipes`: each candidate's selection score).
 
 Any run leaves ``metrics.jsonl`` in its record folder (:mod:`trainer.records.runrecord`), so this works for
 engine-spawned, attach, socket, offline and ``record`` runs alike, finished or not. ``RUN`` is a run
@@ -43,6 +45,7 @@ __all__ = [
     "draw_loss_panel",
     "heldout_series",
     "loss_series",
+    "recipe_looks",
     "report_command",
     "summarize",
 ]
@@ -112,16 +115,40 @@ def heldout_series(points: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[
     return series
 
 
+def recipe_looks(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The recipe pilot's looks (``{"iteration", "recipe"}`` lines of a metrics log), in order."""
+    return [p["recipe"] for p in points if isinstance(p.get("recipe"), dict)]
+
+
 def draw_heldout_panel(
-    ax: Any, series: Mapping[str, Sequence[tuple[int, float]]], *, total: int | None
+    ax: Any,
+    series: Mapping[str, Sequence[tuple[int, float]]],
+    *,
+    total: int | None,
+    looks: Sequence[Mapping[str, Any]] = (),
 ) -> None:
-    """Held-out metrics over iterations: the energy score (lower is better) on the left axis, coverage
-    and precision (shares, higher is better) on the right."""
-    score = series.get("energy_score", [])
+    """Held-out metrics over iterations: the selection score (higher is better; what picks the recipe and
+    the best networks) on the left axis, coverage and precision (shares) on the right; a dotted line at
+    each of the recipe pilot's ``looks`` (:func:`recipe_looks`), named after the recipe it left leading."""
+    score = series.get("selection", [])
     if score:
         its, values = zip(*score, strict=True)
-        ax.plot(its, values, color="#1f77b4", marker="o", markersize=3, label="energy score")
-    ax.set_ylabel("held-out energy score (lower is better)")
+        ax.plot(its, values, color="#1f77b4", marker="o", markersize=3, label="selection score")
+    for look in looks:
+        chosen = look.get("chosen") or look.get("leader") or "?"
+        word = "chosen" if look.get("stage") == "pick" else "leads"
+        ax.axvline(float(look.get("iteration", 0)), color="#7f7f7f", linestyle=":", linewidth=1)
+        ax.annotate(
+            f"{chosen} {word}",
+            (float(look.get("iteration", 0)), 1.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            color="#555555",
+        )
+    ax.set_ylabel("held-out selection score (higher is better)")
     right = ax.twinx()
     for key, colour in (("coverage", "#2ca02c"), ("precision", "#d62728")):
         part = series.get(key, [])
@@ -168,25 +195,47 @@ def _heldout_summary(points: Sequence[Mapping[str, Any]]) -> list[str]:
     first, last = measured[0], measured[-1]
     best = next((p for p in reversed(measured) if p.get("best")), last)
 
-    def score(point: Mapping[str, Any]) -> str:
-        value = point["heldout"].get("energy_score")
-        return f"{value:.4f}" if isinstance(value, int | float) else "?"
+    def value(point: Mapping[str, Any], key: str) -> str:
+        number = point["heldout"].get(key)
+        return f"{number:.4f}" if isinstance(number, int | float) else "?"
 
     coverage = last["heldout"].get("coverage")
     shown = f", coverage {coverage:.2f}" if isinstance(coverage, int | float) else ""
-    loss = best["heldout"].get("flow_loss")
-    best_loss = f"{loss:.4f}" if isinstance(loss, int | float) else "?"
     return [
-        f"held-out: energy score {score(first)} at {first['iteration']} -> {score(last)} at "
-        f"{last['iteration']}{shown}; best flow loss {best_loss} at {best['iteration']}"
+        f"held-out: selection score {value(first, 'selection')} at {first['iteration']} -> "
+        f"{value(last, 'selection')} at {last['iteration']}{shown}; best {value(best, 'selection')} at "
+        f"{best['iteration']}; energy score {value(first, 'energy_score')} -> {value(last, 'energy_score')}"
     ]
+
+
+def _recipe_summary(points: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = []
+    for look in recipe_looks(points):
+        raw = look.get("scores")
+        scores: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+        ranked = sorted(
+            ((name, s.get("score")) for name, s in scores.items() if isinstance(s, dict)),
+            key=lambda item: -(item[1] if isinstance(item[1], int | float) else -math.inf),
+        )
+        shown = ", ".join(f"{name} {score:.3f}" for name, score in ranked if isinstance(score, int | float))
+        stopped = ", ".join(look.get("stopped") or []) or "none"
+        if look.get("stage") == "pick":
+            lines.append(
+                f"recipe: {look.get('chosen', '?')} chosen at {look.get('iteration', '?')} by the held-out "
+                f"selection score ({shown})"
+            )
+        else:
+            lines.append(
+                f"recipe pilot at {look.get('iteration', '?')}: selection score {shown}; stopped {stopped}"
+            )
+    return lines
 
 
 def summarize(points: Sequence[Mapping[str, Any]]) -> list[str]:
     """A few lines: points, iterations, last loss per phase, median it/s, training time; the held-out
-    energy score's first and last value and the best measurement (by flow loss) when the run measured one."""
-    heldout = _heldout_summary(points)
-    points = [p for p in points if "heldout" not in p]
+    selection score's first, last and best value and the recipe pilot's looks when the run has them."""
+    heldout = _recipe_summary(points) + _heldout_summary(points)
+    points = [p for p in points if "loss" in p]  # not the held-out, recipe or thread lines
     if not points:
         return ["no metrics points yet (the first one comes after 100 iterations)"]
     lines = [f"{len(points)} points, iterations {points[0]['iteration']} to {points[-1]['iteration']}"]
@@ -283,7 +332,7 @@ def report_command(run: Path, out: Path | None) -> None:
         total = max((int(p["iteration"]) for p in points), default=0) or None
         draw_loss_panel(axes[0][0], loss_series(points), total=total, title=folder.name)
         if measured:
-            draw_heldout_panel(axes[0][1], measured, total=total)
+            draw_heldout_panel(axes[0][1], measured, total=total, looks=recipe_looks(points))
         if actions is not None:
             draw_actions_panel(axes[0][panels - 1], actions)
         fig.tight_layout()

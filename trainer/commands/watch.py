@@ -135,6 +135,8 @@ def render(status: Status, where: str, health: Health, *, now: float | None = No
         parts.append(f"syncs {status.syncs}")
     if status.threads and health.verdict is Verdict.RUNNING:
         parts.append(f"threads {status.threads}")
+    if status.recipe:
+        parts.append(f"recipe {status.recipe}")
     parts.append(f"pid {status.pid}")
     parts.append(f"updated {format_duration(now - status.updated)} ago")
     line = " | ".join(parts)

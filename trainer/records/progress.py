@@ -135,6 +135,11 @@ class Status:
     """CPU threads the training steps run with (0: not known yet)."""
     threads_note: str = ""
     """Why that count: the last measurement of :mod:`trainer.training.threads` (empty when the count is fixed)."""
+    recipe: str = ""
+    """The training recipe (:mod:`trainer.training.recipes`): its name, ``"… (pilot)"`` while the pilot runs,
+    ``custom`` for the user's own (empty: not known yet)."""
+    recipe_note: str = ""
+    """Why that recipe: the pilot's last look (each candidate's selection score), or why there is none."""
 
 
 def write_status(path: Path, status: Status) -> None:
@@ -273,6 +278,10 @@ class ProgressReporter:
     def threads(self, threads: int, note: str = "") -> None:
         """The thread count the steps run with, and the measurement that chose it."""
         self._set(threads=threads, threads_note=note)
+
+    def recipe(self, recipe: str, note: str = "") -> None:
+        """The recipe trained and why (:mod:`trainer.training.recipes`)."""
+        self._set(recipe=recipe, recipe_note=note)
 
     def run_dir(self, folder: Path) -> None:
         """The run's record folder, shown by ``watch`` and found by ``report``."""

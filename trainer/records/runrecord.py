@@ -33,10 +33,17 @@ A metrics line::
 mixed in one series); ``elapsed_s`` counts from the first training iteration of this process.
 
 With a held-out set (:mod:`trainer.training.heldout`) a second kind of line holds each measurement on it, ``best``
-true when its flow loss is the lowest so far::
+true when its selection score is the highest so far::
 
-    {"iteration": 1000, "heldout": {"flow_loss": 0.71, "energy_score": 0.29, "energy_distance": 0.01,
-     "w1": 0.05, "w1_raw": [0.02, ...], "coverage": 0.86, "precision": 0.81, "seconds": 0.02}, "best": true}
+    {"iteration": 1000, "heldout": {"selection": 0.31, "selection_f1": 0.9, "selection_energy": 0.59,
+     "selection_coverage": 0.93, "selection_precision": 0.88, "flow_loss": 0.71, "energy_score": 0.29,
+     "energy_distance": 0.01, "w1": 0.05, "w1_raw": [0.02, ...], "coverage": 0.86, "precision": 0.81,
+     "seconds": 0.02}, "best": true}
+
+and the recipe pilot (:mod:`trainer.training.recipes`) a third, at each of its looks::
+
+    {"iteration": 1000, "recipe": {"iteration": 1000, "stage": "pick", "chosen": "sharp", "stopped":
+     ["standard"], "scores": {"sharp": {"score": 0.35, ...}, "standard": {"score": 0.21, ...}}}}
 """
 
 from __future__ import annotations
@@ -563,6 +570,23 @@ class RunLog:
         if self.record is not None:
             self.record.line({"iteration": iteration, "threads": dict(choice)})
             self.record.note("threads", dict(choice))
+
+    def recipe(
+        self,
+        iteration: int | None,
+        look: Mapping[str, Any] | None,
+        scalars: Mapping[str, float],
+        summary: Mapping[str, Any],
+    ) -> None:
+        """The recipe (:mod:`trainer.training.recipes`): run.json keeps ``summary`` as ``recipe``; a pilot's
+        look is also a ``{"iteration", "recipe"}`` line in ``metrics.jsonl`` and ``scalars`` to the
+        trackers (``recipe/<name>/selection``)."""
+        if self.record is not None:
+            if look is not None and iteration is not None:
+                self.record.line({"iteration": iteration, "recipe": dict(look)})
+            self.record.note("recipe", dict(summary))
+        if self.trackers is not None and scalars and iteration is not None:
+            self.trackers.scalars(iteration, scalars)
 
     def heldout_actions(self, value: Mapping[str, Any]) -> None:
         """Demonstrated and sampled held-out actions of the last measurement (``heldout-actions.json``),

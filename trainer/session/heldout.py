@@ -45,7 +45,7 @@ def _constant(layers: dict[int, Layer]) -> Callable[[], dict[int, Layer]]:
 class HeldOutRound:
     """What :mod:`trainer.session.run` does with the held-out set: measure when due (``heldout_every_iterations``)
     and at the end, write each measurement to the run record and trackers (:meth:`trainer.records.runrecord.
-    RunLog.heldout`) and the progress line, keep the networks of the best flow loss in memory, and
+    RunLog.heldout`) and the progress line, keep the networks of the best selection score in memory, and
     hand them out at the end when ``heldout_send_best`` is on. A no-op when nothing is held out."""
 
     def __init__(self, job: TrainingJob, runlog: RunLog, reporter: ProgressReporter) -> None:
@@ -138,7 +138,9 @@ class HeldOutRound:
             # Distillation (ode_steps > 0) trains another objective for the few-step sampler: its networks
             # compete among themselves, never with the flow-matching ones before the boundary.
             self.best, self.best_layers, self.best_phase = None, None, phase
-        improved = self.best is None or metrics.flow_loss < self.best.flow_loss
+        # The selection score, not the flow loss: the flow loss of a run whose recipe changed during the
+        # pilot (trainer.training.recipes) is on another scale before and after the change.
+        improved = self.best is None or metrics.selection.score > self.best.selection.score
         if improved:
             self.best = metrics
             self.best_layers = layers()
@@ -155,8 +157,8 @@ class HeldOutRound:
         paths = self.runlog.best_networks(encode(self.best_layers))
         if paths:
             log(
-                f"la-trainer: the networks of the lowest held-out flow loss (iteration {best.iteration}, "
-                f"{best.flow_loss:.4f}) are in {paths[0].parent}"
+                f"la-trainer: the networks of the best held-out selection score (iteration {best.iteration}, "
+                f"{best.selection.score:.4f}) are in {paths[0].parent}"
             )
 
     def final_networks(self, last: dict[int, Layer]) -> dict[int, Layer]:
@@ -168,7 +170,7 @@ class HeldOutRound:
         self.sent_best = True
         log(
             f"la-trainer: heldout_send_best: sending the networks of iteration {best.iteration} (held-out "
-            f"flow loss {best.flow_loss:.4f}; the last, iteration "
-            f"{final.iteration if final else '?'}, {final.flow_loss if final else math.nan:.4f})"
+            f"selection score {best.selection.score:.4f}; the last, iteration "
+            f"{final.iteration if final else '?'}, {final.selection.score if final else math.nan:.4f})"
         )
         return self.best_layers

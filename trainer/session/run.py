@@ -431,6 +431,7 @@ def _start_training(
     )
     if runlog.folder is not None:
         reporter.run_dir(runlog.folder)
+    _show_recipe(job, runlog, reporter)
     heldout = HeldOutRound(job, runlog, reporter)
     return _Run(link, reporter, runlog, options, config, received, job, device, tuner, sync, writer, heldout)
 
@@ -492,6 +493,26 @@ class _Behind:
             self.snapshots.close()
 
 
+def _show_recipe(job: TrainingJob, runlog: RunLog, reporter: ProgressReporter) -> None:
+    """The recipe (:mod:`trainer.training.recipes`) in the status file and the run record: at the start,
+    and after each of the pilot's looks (written once each)."""
+    summary = job.recipe_record()
+    looks = job.take_recipe_looks()
+    if not looks:
+        runlog.recipe(None, None, {}, summary)
+    for look in looks:
+        runlog.recipe(look.iteration, look.record(), look.tracker_values(), summary)
+    name = summary["name"]
+    pilot = job.pilot is not None and job.pilot.active
+    if pilot:
+        note = (
+            looks[-1].describe() if looks else "standard, sharp and smooth side by side until iteration 1000"
+        )
+        reporter.recipe(f"{name} (pilot)", note)
+    else:
+        reporter.recipe(name, looks[-1].describe() if looks else job.recipe_why)
+
+
 def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
     """Section 5: step, report, sync, snapshot until every iteration ran or something ends the loop; why it
     ended and the iterations done.
@@ -526,6 +547,8 @@ def _train(run: _Run, interrupt: InterruptLike | None) -> tuple[LoopEnd, int]:
             started = time.perf_counter()
             job.advance(iteration)
             iteration += 1
+            if job.recipe_looks:
+                _show_recipe(job, run.runlog, reporter)
             run.tuner.after_step(time.perf_counter() - started, iteration)
             if iteration % TRACK_EVERY == 0:
                 points.add(iteration, _phase_key(job), job.loss_probe(), _learning_rate(job), sync.rounds)

@@ -174,6 +174,16 @@ class TrainerOptions:
     draws_per_row: int = _option(1, "a whole number from 1 to 64", _between(1, 64), experimental=True)
     """Experimental. (x0, t) draws per batch row, stratified in t and antithetic in x0 (trainer/training/flow.py stratified_draws):
     each iteration trains BatchSize x draws_per_row samples of BatchSize rows (1: one independent draw)."""
+    recipe: str = _option(
+        "auto",
+        "auto, standard, sharp or smooth",
+        lambda v: v in ("auto", "standard", "sharp", "smooth"),
+        normalize=lambda s: s.strip().lower(),
+    )
+    """The training recipe (time density and late source spread, trainer/training/recipes.py): auto tries
+    standard, sharp and smooth side by side for the first 1,000 iterations and keeps the one with the best
+    held-out selection score; a name trains that one. auto keeps your own time_distribution or spread_*
+    when you set one, and trains standard without held-out episodes or in a run under 3,000 iterations."""
     compile: str = _option(
         "off", "on or off", lambda v: v in ("on", "off"), normalize=lambda s: s.strip().lower()
     )
@@ -240,8 +250,8 @@ class TrainerOptions:
     )
     """Measure the held-out metrics every N iterations (and at the end)."""
     heldout_send_best: bool = _option(False, "true or false", experimental=True)
-    """Experimental. At the end, send the networks of the measurement with the lowest held-out flow loss instead of the
-    last ones (off: on B1-B4 the best checkpoint was the last or no better, docs/training.md)."""
+    """Experimental. At the end, send the networks of the measurement with the best held-out selection score instead of
+    the last ones (off: on B1-B4 the best checkpoint was the last or no better, docs/training.md)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.time_distribution, str):

@@ -15,7 +15,8 @@ the full unpickler)::
     payload = {"iteration": int, "smoothed_loss": float, "model": {name: tensor},
                "optimizer": optimizer.state_dict(), "generator": uint8 tensor,
                "generator_device": "cpu" | "cuda", "fingerprint": {key: str},
-               "trainer_version": str, "saved_at": float (Unix seconds)}
+               "trainer_version": str, "saved_at": float (Unix seconds),
+               "recipe": str (trainer.training.recipes; absent in older checkpoints: "")}
 
 The checksum is embedded (not a sidecar) so one rename publishes data and checksum together.
 
@@ -257,6 +258,9 @@ class TrainingState:
     fingerprint: Fingerprint
     trainer_version: str = ""
     saved_at: float = 0.0
+    recipe: str = ""
+    """The recipe trained (:mod:`trainer.training.recipes`; empty: the user's own, or a checkpoint of a version
+    without recipes)."""
 
     def payload(self) -> dict[str, Any]:
         return {
@@ -269,6 +273,7 @@ class TrainingState:
             "fingerprint": self.fingerprint.as_dict(),
             "trainer_version": self.trainer_version,
             "saved_at": float(self.saved_at),
+            "recipe": self.recipe,
         }
 
     @classmethod
@@ -304,6 +309,7 @@ class TrainingState:
             saved_at=float(raw.get("saved_at", 0.0))
             if isinstance(raw.get("saved_at"), (int, float))
             else 0.0,
+            recipe=str(raw.get("recipe", "")) if isinstance(raw.get("recipe", ""), str) else "",
         )
 
 

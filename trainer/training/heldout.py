@@ -15,12 +15,22 @@ saw, with no game and no emulator:
   per run (their own generator, seeded from the config's Seed: the training's random stream is never
   touched, and two evaluations differ only by the weights):
 
-  ``flow_loss`` (what "best" means: lower is better)
+  ``selection`` (what "best" means, and what the recipe pilot chooses by: higher is better)
+      ``f1 − energy`` on up to :data:`SELECTION_ROWS` held-out observations with
+      :data:`SELECTION_SAMPLES` actions each, drawn through the engine's inference path from draws of a
+      generator of their own (seeded by the config's Seed only), so two runs of one seed with any options
+      (time density, source spread, recipe) are measured on the same rows and the same noise.
+      ``f1``: the harmonic mean of coverage and precision (below, with 16 samples and the 5 nearest
+      observations) averaged over the radii :data:`SELECTION_RADII`; ``energy``: the energy score with
+      16 samples, in root-mean-square demonstrated stds. Chosen because it ranks policies *across*
+      recipes like the tasks' own quality (benchmarks/results/selection/: same-iteration Spearman over
+      13 recipes, positive on B1-B4, the demo and a four-mode task, where the iteration count scores 0
+      and the flow loss below misranks recipes).
+  ``flow_loss`` (lower is better; comparable only between measurements of one run)
       the training loss (standardised-velocity MSE, the run's time density, no observation noise) on
-      up to :data:`LOSS_ROWS` held-out rows, one fixed ``(t, x0)`` each. Of the metrics below it ranked
-      the checkpoints of B1-B4 most like the tasks' own quality (benchmarks/heldout_agreement.py,
-      docs/training.md "Held-out quality"), and the checkpoint it calls best was never worse than the
-      last one there, so it decides ``best`` in the record and what ``heldout_send_best`` sends.
+      up to :data:`LOSS_ROWS` held-out rows, one fixed ``(t, x0)`` each. It is measured on the run's
+      own time density and path, so a run with other options gets another scale: it ranked the
+      checkpoints of one run well (benchmarks/heldout_agreement.py) but misranked recipes.
   ``energy_score`` (the sample-based headline: lower is better)
       for each of up to :data:`SAMPLE_ROWS` held-out observations, :data:`SAMPLES_PER_ROW` actions drawn
       through the engine's inference path (encoder, explicit Euler from ``t = 0`` noise to ``t = 1`` with
@@ -75,9 +85,13 @@ __all__ = [
     "RADIUS",
     "SAMPLES_PER_ROW",
     "SAMPLE_ROWS",
+    "SELECTION_RADII",
+    "SELECTION_ROWS",
+    "SELECTION_SAMPLES",
     "EpisodeSplit",
     "HeldOutEvaluator",
     "HeldOutMetrics",
+    "Selection",
     "energy_distance",
     "energy_score",
     "heldout_episode_count",
@@ -103,10 +117,25 @@ NEIGHBOURS = 5
 """Held-out rows (nearest observations, itself included) whose demonstrated actions a sample may match for
 ``precision``."""
 
+SELECTION_ROWS = 512
+"""Held-out observations the selection score draws actions for (a fixed subset when there are more). The
+validation drew 1,024 (benchmarks/results/selection/); 512 halves the cost of every measurement (about
+70 ms at 1 x 128 on one core: 8,192 samples through 8 Euler steps, under a tenth of the 1,000 iterations
+between measurements)."""
+SELECTION_SAMPLES = 16
+"""Actions drawn per observation for the selection score (8,192 samples at most)."""
+SELECTION_RADII = (0.1, 0.175, 0.25, 0.35, 0.5)
+"""Radii (root-mean-square, in demonstrated stds) whose coverage/precision F1 the selection score
+averages: from finer than one mode to about half the demonstrations' spread, so neither a sharp policy
+that misses modes nor a blurred one that covers them all scores well."""
+
 _SPLIT_STREAM = 0x48454C44
 """Second word of the split's seed (``default_rng([Seed, stream])``): a stream of its own."""
 _DRAW_STREAM = 0x4C44
 """Offset of the evaluation draws' torch seed from the config's Seed."""
+_SELECTION_STREAM = 0x53454C
+"""Offset of the selection draws' torch seed from the config's Seed: a generator of their own, so they do
+not depend on what the other draws consumed (the time density's sampler)."""
 
 Ints = npt.NDArray[np.int64]
 
@@ -200,10 +229,34 @@ def energy_score(samples: Tensor, observed: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class Selection:
+    """The selection score and its parts (module docstring, ``selection``)."""
+
+    score: float
+    """``f1 − energy``: higher is better."""
+    f1: float
+    energy: float
+    coverage: float
+    """Coverage averaged over :data:`SELECTION_RADII` (16 samples per observation)."""
+    precision: float
+    """Precision averaged over :data:`SELECTION_RADII`."""
+
+    def record(self) -> dict[str, float]:
+        return {
+            "score": self.score,
+            "f1": self.f1,
+            "energy": self.energy,
+            "coverage": self.coverage,
+            "precision": self.precision,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class HeldOutMetrics:
     """One evaluation (module docstring for each number). ``seconds``: what it cost."""
 
     iteration: int
+    selection: Selection
     flow_loss: float
     energy_score: float
     energy_distance: float
@@ -216,6 +269,11 @@ class HeldOutMetrics:
     def record(self) -> dict[str, Any]:
         """The ``heldout`` object of a metrics line."""
         return {
+            "selection": self.selection.score,
+            "selection_f1": self.selection.f1,
+            "selection_energy": self.selection.energy,
+            "selection_coverage": self.selection.coverage,
+            "selection_precision": self.selection.precision,
             "flow_loss": self.flow_loss,
             "energy_score": self.energy_score,
             "energy_distance": self.energy_distance,
@@ -233,8 +291,11 @@ class HeldOutMetrics:
         return {f"heldout/{key}": float(value) for key, value in values.items()}
 
     def short(self) -> str:
-        """For the progress line: the flow loss, the energy score and the coverage."""
-        return f"held-out loss {self.flow_loss:.4f} ES {self.energy_score:.3f} cov {self.coverage:.2f}"
+        """For the progress line: the selection score, the flow loss, the energy score and the coverage."""
+        return (
+            f"held-out selection {self.selection.score:.3f} loss {self.flow_loss:.4f} "
+            f"ES {self.energy_score:.3f} cov {self.coverage:.2f}"
+        )
 
 
 @dataclass(eq=False)
@@ -258,6 +319,15 @@ class HeldOutEvaluator:
     """(A,) float64: the demonstrated held-out std per dimension (< MIN_STD: 1)."""
     neighbours: Tensor
     """(S, NEIGHBOURS) int64: held-out rows with the nearest observations, each row first."""
+    select_obs: Tensor
+    """(R·SELECTION_SAMPLES, O): the selection rows' observations, each repeated per sample."""
+    select_x0: Tensor
+    """(R·SELECTION_SAMPLES, A): the selection's start noise (its own generator)."""
+    select_demonstrated: Tensor
+    """(R, A) float64 on the CPU: the selection rows' demonstrated chunks in their stds (``select_scale``)."""
+    select_scale: Tensor
+    select_neighbours: Tensor
+    """(R, NEIGHBOURS) int64: selection rows with the nearest observations, each row first."""
     history: list[HeldOutMetrics] = field(default_factory=list)
     last_sampled: Tensor | None = None
     """(S·K, A) float64 on the CPU: the actions sampled by the latest :meth:`evaluate`, raw units."""
@@ -290,14 +360,18 @@ class HeldOutEvaluator:
         demonstrated = x1 * model.decoder_scale.cpu().double() + model.decoder_shift.cpu().double()
         std = demonstrated.std(dim=0, unbiased=False)
         scale = torch.where(std < MIN_STD, torch.ones_like(std), std)
-        obs = tensors.obs[sample_rows.to(tensors.obs.device)].cpu().double()
-        obs_std = obs.std(dim=0, unbiased=False)
-        obs_n = (obs - obs.mean(dim=0)) / torch.where(obs_std < MIN_STD, torch.ones_like(obs_std), obs_std)
-        distances = torch.cdist(obs_n, obs_n)
-        distances.fill_diagonal_(-1.0)  # each row is its own first neighbour
-        k = min(NEIGHBOURS, obs.shape[0])
-        neighbours = distances.topk(k, dim=1, largest=False).indices
+        neighbours = _neighbours(tensors.obs[sample_rows.to(tensors.obs.device)])
         on = tensors.obs.device
+        # The selection's draws: a generator of their own, seeded by the Seed only (module docstring).
+        selecting = torch.Generator(device="cpu")
+        selecting.manual_seed(seed + _SELECTION_STREAM)
+        select_rows = _subset(n, SELECTION_ROWS, selecting)
+        select_x0 = torch.randn((select_rows.numel() * SELECTION_SAMPLES, width), generator=selecting)
+        select_x1 = tensors.x1[select_rows.to(tensors.x1.device)].cpu().double()
+        select_raw = select_x1 * model.decoder_scale.cpu().double() + model.decoder_shift.cpu().double()
+        select_std = select_raw.std(dim=0, unbiased=False)
+        select_scale = torch.where(select_std < MIN_STD, torch.ones_like(select_std), select_std)
+        select_obs = tensors.obs[select_rows.to(on)]
         return cls(
             episodes=episodes,
             rows=n,
@@ -311,6 +385,11 @@ class HeldOutEvaluator:
             sample_x0=sample_x0.to(device),
             scale=scale,
             neighbours=neighbours,
+            select_obs=select_obs.repeat_interleave(SELECTION_SAMPLES, dim=0),
+            select_x0=select_x0.to(device),
+            select_demonstrated=select_raw / select_scale,
+            select_scale=select_scale,
+            select_neighbours=_neighbours(select_obs),
         )
 
     @torch.no_grad()
@@ -332,6 +411,7 @@ class HeldOutEvaluator:
         precise = (to_near.min(dim=2).values <= RADIUS).double().mean()
         metrics = HeldOutMetrics(
             iteration=iteration,
+            selection=self.select(model),
             flow_loss=loss,
             energy_score=float(energy_score(normalised, demonstrated)),
             # the first sample of each row: as many as demonstrated, and 16x cheaper than all of them
@@ -344,6 +424,41 @@ class HeldOutEvaluator:
         )
         self.history.append(metrics)
         return metrics
+
+    @torch.no_grad()
+    def select(self, model: Any) -> Selection:
+        """The selection score of ``model`` (module docstring): read-only, not added to :attr:`history`
+        (the recipe pilot scores its candidates with it)."""
+        k = SELECTION_SAMPLES
+        demonstrated = self.select_demonstrated
+        rows, width = demonstrated.shape
+        sampled = model.sample(self.select_obs, self.select_x0, self.steps).cpu().double()
+        normalised = (sampled / self.select_scale).reshape(rows, k, width)
+        rms = math.sqrt(width)
+        own = (normalised - demonstrated[:, None, :]).norm(dim=2) / rms  # (R, K)
+        near = demonstrated[self.select_neighbours]  # (R, NEIGHBOURS, A)
+        to_near = (torch.cdist(normalised, near) / rms).min(dim=2).values  # (R, K)
+        radii = torch.tensor(SELECTION_RADII, dtype=torch.float64)
+        covered = (own.min(dim=1).values[None, :] <= radii[:, None]).double().mean(dim=1)  # (radii,)
+        precise = (to_near[None, :, :] <= radii[:, None, None]).double().mean(dim=(1, 2))
+        spread = (torch.cdist(normalised, normalised) / rms).sum(dim=(1, 2)) / (k * (k - 1))
+        energy_t = (own.mean(dim=1) - 0.5 * spread).mean()
+        # one read of every number (a read per number cost the training thread 60 per pilot)
+        values = torch.cat((covered, precise, energy_t.reshape(1))).tolist()
+        count = len(SELECTION_RADII)
+        coverages, precisions, energy = values[:count], values[count : 2 * count], values[-1]
+        f1s = [
+            2.0 * coverage * precision / (coverage + precision) if coverage + precision > 0 else 0.0
+            for coverage, precision in zip(coverages, precisions, strict=True)
+        ]
+        f1 = sum(f1s) / len(f1s)
+        return Selection(
+            score=f1 - energy,
+            f1=f1,
+            energy=energy,
+            coverage=sum(coverages) / len(coverages),
+            precision=sum(precisions) / len(precisions),
+        )
 
     def _flow_loss(self, model: Any) -> float:
         encoder, denoiser = model.sampling_networks()
@@ -394,6 +509,8 @@ class HeldOutEvaluator:
             "loss_rows": int(self.loss_obs.shape[0]),
             "sample_rows": int(self.demonstrated.shape[0]),
             "samples_per_row": SAMPLES_PER_ROW,
+            "selection_rows": int(self.select_demonstrated.shape[0]),
+            "selection_samples_per_row": SELECTION_SAMPLES,
             "ode_steps": self.steps,
         }
 
@@ -401,6 +518,17 @@ class HeldOutEvaluator:
 def _rounded(values: Tensor) -> list[list[float]]:
     """Rows of a (n, 2) tensor as lists of 5-significant-digit floats (a small JSON file)."""
     return [[float(f"{v:.5g}") for v in row] for row in values.tolist()]
+
+
+def _neighbours(obs: Tensor) -> Tensor:
+    """(S, min(NEIGHBOURS, S)) int64: for each row of ``obs`` (S, O), the rows with the nearest
+    observations (each column standardised), the row itself first."""
+    values = obs.cpu().double()
+    std = values.std(dim=0, unbiased=False)
+    standardised = (values - values.mean(dim=0)) / torch.where(std < MIN_STD, torch.ones_like(std), std)
+    distances = torch.cdist(standardised, standardised)
+    distances.fill_diagonal_(-1.0)  # each row is its own first neighbour
+    return distances.topk(min(NEIGHBOURS, values.shape[0]), dim=1, largest=False).indices
 
 
 def _subset(n: int, limit: int, generator: torch.Generator) -> Tensor:

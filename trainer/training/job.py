@@ -23,7 +23,7 @@ from protocol.nne.layers import Layer
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import Snapshot
 from trainer import __version__
-from trainer.errors import BadData
+from trainer.errors import BadData, Diverged
 from trainer.settings.options import TrainerOptions
 from trainer.system.console import log
 from trainer.system.diskspace import OptionalWrite
@@ -40,6 +40,17 @@ from trainer.training.data import TensorData, TrainingData
 from trainer.training.flow import TimeDistribution
 from trainer.training.heldout import DEFAULT_ODE_STEPS, EpisodeSplit, HeldOutEvaluator, split_episodes
 from trainer.training.model import FlowModel, ModelSettings
+from trainer.training.recipes import (
+    MIN_ITERATIONS,
+    RECIPES,
+    Lane,
+    Recipe,
+    RecipeLook,
+    RecipePilot,
+    fixed_by_user,
+    pilot_plan,
+    recipe_named,
+)
 from trainer.training.steps import GradientAveraging, Phase, StepInputs, TrainingStep, choose_step
 from trainer.training.steps.autograd import BatchSampler, make_optimizer, set_learning_rate
 from trainer.training.steps.base import LOSS_SMOOTHING, DeferredStep
@@ -102,6 +113,16 @@ class TrainingJob:
     )
     """(step, the same step if it is a DeferredStep): ``isinstance`` on a runtime-checkable protocol costs
     tens of microseconds, too much to ask every step."""
+    recipe: Recipe | None = None
+    """The recipe trained (:mod:`trainer.training.recipes`; during the pilot, the leader); None: the user's own
+    time density and spread (a recipe knob was set)."""
+    recipe_why: str = ""
+    """Why the recipe is what it is, for the log and the run record."""
+    pilot_wanted: bool = False
+    """The pilot starts at the first step (:meth:`step`), unless scale-out or a resume fixed the recipe."""
+    pilot: RecipePilot | None = field(default=None, repr=False)
+    recipe_looks: list[RecipeLook] = field(default_factory=list, repr=False)
+    """Pilot looks not yet taken by the session (:meth:`take_recipe_looks`)."""
 
     @classmethod
     def create(
@@ -142,6 +163,10 @@ class TrainingJob:
         time_distribution = TimeDistribution.of(options.time_distribution)
         total = options.iteration_num or training.iteration_num
         distill_start = _distill_start(options, total)
+        recipe, recipe_why, pilot_wanted = _recipe(options, split.active, total, distill_start)
+        if recipe is not None:
+            time_distribution = TimeDistribution.of(recipe.time_distribution)
+            model.spread = (options.spread_start, recipe.spread_gain)
         heldout = _heldout(config, replay, split, model, options, time_distribution, total, device)
         job = cls(
             config=config,
@@ -159,6 +184,9 @@ class TrainingJob:
             checkpoint_dir=checkpoint_dir,
             fingerprint=Fingerprint.of(config, received, replay, ema_decay=options.ema_decay),
             heldout=heldout,
+            recipe=recipe,
+            recipe_why=recipe_why,
+            pilot_wanted=pilot_wanted,
         )
         if checkpoint_dir is not None:
             for stale in remove_stale_temp_files(checkpoint_dir):
@@ -202,6 +230,17 @@ class TrainingJob:
                 f"la-trainer: note: the checkpoint was made on {state.generator_device}; the random generator "
                 f"was reseeded for {self.generator.device.type}"
             )
+        if self.recipe is not None and self.options.recipe == "auto":
+            # The checkpoint's recipe goes on, without a pilot: the one a pilot chose, or its leader when
+            # the run stopped during the pilot; a checkpoint without one trained the standard recipe.
+            named = state.recipe or RECIPES[0].name
+            if named not in {recipe.name for recipe in RECIPES}:
+                log(
+                    f"la-trainer: resume: the checkpoint's recipe {named!r} is unknown here; continuing as standard"
+                )
+                named = RECIPES[0].name
+            self._use_recipe(recipe_named(named), f"continued from the checkpoint ({named})")
+            log(f"la-trainer: recipe: {recipe_named(named).describe()}, continued from the checkpoint")
         self.start_iteration = state.iteration
         self.smoothed_loss = state.smoothed_loss
         self.checkpoint_iteration = state.iteration
@@ -221,6 +260,80 @@ class TrainingJob:
     def action_dim(self) -> int:
         return int(self.data.targets.shape[1])
 
+    def _use_recipe(self, recipe: Recipe, why: str) -> None:
+        """Train ``recipe`` without a pilot (a resumed run continues its checkpoint's)."""
+        self.recipe, self.recipe_why, self.pilot_wanted = recipe, why, False
+        self.time_distribution = TimeDistribution.of(recipe.time_distribution)
+        self.model.spread = (self.options.spread_start, recipe.spread_gain)
+
+    def _start_pilot(self, iteration: int) -> None:
+        self.pilot_wanted = False
+        if self.gradient_averaging is not None:
+            self.recipe_why = "scale-out trains one recipe (each rank would need every candidate's gradients)"
+            log(f"la-trainer: recipe: {RECIPES[0].describe()}: {self.recipe_why}")
+            return
+        if iteration != 0 or self.heldout is None:
+            return
+        training = self.config.trainer.training
+        self.pilot = RecipePilot.start(
+            self._lane(),
+            self._step_inputs,
+            seed=training.seed,
+            learning_rate=training.learning_rate,
+            weight_decay=training.weight_decay,
+            layer_lr=self.options.layer_lr,
+            spread_start=self.options.spread_start,
+        )
+        log(f"la-trainer: recipe pilot: {pilot_plan()}")
+
+    def _lane(self) -> Lane:
+        """The job's own training state as a pilot candidate."""
+        assert self.recipe is not None
+        return self._lane_of_fields()
+
+    def _lane_of_fields(self) -> Lane:
+        return Lane(
+            recipe=self.recipe or RECIPES[0],
+            model=self.model,
+            optimizer=self.optimizer,
+            sampler=self.sampler,
+            generator=self.generator,
+            time_distribution=self.time_distribution,
+            training_step=self.training_step,
+            phase=self.phase,
+            smoothed_loss=self.smoothed_loss,
+        )
+
+    def _install(self, lane: Lane) -> None:
+        """Train ``lane`` from now on (the pilot's leader or choice)."""
+        self.recipe = lane.recipe
+        self.model, self.optimizer, self.sampler = lane.model, lane.optimizer, lane.sampler
+        self.generator, self.time_distribution = lane.generator, lane.time_distribution
+        self.training_step, self.phase, self.smoothed_loss = (
+            lane.training_step,
+            lane.phase,
+            lane.smoothed_loss,
+        )
+
+    def take_recipe_looks(self) -> list[RecipeLook]:
+        """The pilot's looks since the last call (the session writes them to the log and the record)."""
+        looks, self.recipe_looks = self.recipe_looks, []
+        return looks
+
+    def recipe_record(self) -> dict[str, Any]:
+        """run.json's ``recipe``: what trains and why."""
+        if self.pilot is not None:
+            return {**self.pilot.summary(), "why": self.recipe_why}
+        if self.recipe is None:
+            return {"name": "custom", "why": self.recipe_why}
+        return {
+            "name": self.recipe.name,
+            "time_distribution": str(self.recipe.time_distribution),
+            "spread_gain": self.recipe.spread_gain,
+            "chosen_by": "option" if self.options.recipe != "auto" else "default",
+            "why": self.recipe_why,
+        }
+
     def step(self, iteration: int) -> float:
         """One optimisation step (flow matching, or distillation from :attr:`distill_start` on), then
         :meth:`settle`: returns the smoothed loss; one host read per step."""
@@ -231,10 +344,49 @@ class TrainingJob:
         """One optimisation step without a host read where the step allows it
         (:class:`~trainer.training.steps.base.DeferredStep`: the fused step, eager or as a CUDA graph):
         its loss is smoothed on the device and a non-finite step is skipped there, both reported by
-        the next :meth:`settle`. Other steps read their numbers at once, as before."""
+        the next :meth:`settle`. Other steps read their numbers at once, as before. During the recipe
+        pilot every other candidate steps first, the same way; before each of the pilot's looks every
+        candidate's steps are read, and after a look the job may train another candidate
+        (:mod:`trainer.training.recipes`)."""
         self._advance(iteration)
 
     def _advance(self, iteration: int) -> None:
+        if self.pilot_wanted:
+            self._start_pilot(iteration)
+        pilot = self.pilot if self.pilot is not None and self.pilot.active else None
+        if pilot is None:
+            self._own_advance(iteration)
+            return
+        for name in pilot.step_others(iteration):
+            log(f"la-trainer: recipe pilot: {name} diverged at iteration {iteration}; it stops")
+        try:
+            self._own_advance(iteration)
+            if pilot.look_due(iteration + 1):
+                self.settle()  # the look compares the candidates' weights: every launched step read first
+        except Diverged:
+            if not pilot.others:
+                raise
+            # [INF] A candidate that diverges during the pilot stops; the job's own is no exception.
+            failed, successor = self.recipe, pilot.others.pop(0)
+            self._install(successor)
+            pilot.leader = successor.recipe
+            log(
+                f"la-trainer: recipe pilot: {failed.name if failed else '?'} diverged at iteration {iteration}; "
+                f"it stops and {successor.recipe.name} leads"
+            )
+            if not pilot.others:
+                pilot.done = True
+        if self.heldout is not None and pilot.active:
+            look, lane = pilot.look(iteration + 1, self._lane(), self.heldout)
+            if look is not None:
+                if lane.recipe is not self.recipe:
+                    self._install(lane)
+                if look.final:
+                    self.recipe_why = look.describe().split(" by ", 1)[1]
+                self.recipe_looks.append(look)
+                log(f"la-trainer: {look.describe()}")
+
+    def _own_advance(self, iteration: int) -> None:
         phase = Phase.FLOW_MATCHING
         if self.distill_start is not None and iteration >= self.distill_start:
             phase = Phase.DISTILLATION
@@ -288,15 +440,17 @@ class TrainingJob:
             self._checked = (step, step if isinstance(step, DeferredStep) else None)
         return self._checked[1]
 
-    def _step_inputs(self) -> StepInputs:
+    def _step_inputs(self, lane: Lane | None = None) -> StepInputs:
+        """The inputs of a step of the job's own training state, or of a pilot candidate's ``lane``."""
+        own = lane or self._lane_of_fields()
         training = self.config.trainer.training
         return StepInputs(
-            model=self.model,
-            optimizer=self.optimizer,
+            model=own.model,
+            optimizer=own.optimizer,
             tensors=self.tensors,
-            sampler=self.sampler,
-            generator=self.generator,
-            time_distribution=self.time_distribution,
+            sampler=own.sampler,
+            generator=own.generator,
+            time_distribution=own.time_distribution,
             obs_noise_scale=training.observation_noise_scale,
             learning_rate=training.learning_rate,
             weight_decay=training.weight_decay,
@@ -335,6 +489,10 @@ class TrainingJob:
         now = time.monotonic()
         if not (force or boundary or (every > 0 and now - self.checkpoint_clock >= every)):
             return None
+        if self.pilot is not None and self.pilot.active and not force:
+            # [INF] Not during the pilot (its candidates are not in a checkpoint): the first timed one
+            # comes after the pick; a forced one keeps the leader, whose recipe a resume continues.
+            return None
         # Steps still unread may hold a divergence, skipped on the device with every step after it: read
         # them first (Diverged: no checkpoint; the loop ends as diverged and checkpoints the good weights),
         # so that a checkpoint's iteration is that of its weights and its smoothed loss is current.
@@ -347,6 +505,7 @@ class TrainingJob:
             generator_device=self.generator.device.type,
             smoothed_loss=float(self.smoothed_loss),
             fingerprint=self.fingerprint,
+            recipe=self.recipe.name if self.recipe is not None else "",
             trainer_version=__version__,
             saved_at=time.time(),
         )
@@ -459,6 +618,33 @@ def _distill_start(options: TrainerOptions, total: int) -> int | None:
             "raise IterationNum or distill_fraction for better few-step behaviour."
         )
     return distill_start
+
+
+def _recipe(
+    options: TrainerOptions, heldout: bool, total: int, distill_start: int | None
+) -> tuple[Recipe | None, str, bool]:
+    """The recipe the run starts with, why, and whether the pilot runs (:mod:`trainer.training.recipes`);
+    one log line unless the pilot's own follows at the first step."""
+    if options.recipe != "auto":
+        recipe = recipe_named(options.recipe)
+        log(f"la-trainer: recipe: {recipe.describe()} (option recipe)")
+        return recipe, "option recipe", False
+    changed = fixed_by_user(options)
+    if changed:
+        why = f"your {', '.join(changed)} (a recipe knob is set: no pilot)"
+        log(f"la-trainer: recipe: {why}")
+        return None, why, False
+    standard = RECIPES[0]
+    if not heldout:
+        why = "nothing is held out to choose by (option heldout_share, heldout_min_episodes)"
+    elif total < MIN_ITERATIONS:
+        why = f"the run's {total} iterations are fewer than the pilot's minimum of {MIN_ITERATIONS}"
+    elif distill_start is not None and distill_start < MIN_ITERATIONS:
+        why = f"distillation starts at iteration {distill_start}, before the pilot would end"
+    else:
+        return standard, "pilot", True
+    log(f"la-trainer: recipe: {standard.describe()}: no pilot, {why}")
+    return standard, why, False
 
 
 def _heldout(
