@@ -136,7 +136,7 @@ def demo_command(
 
     \b
     Examples:
-      la-trainer demo                      # well under a minute on an idle 2-core machine
+      la-trainer demo                      # under a minute on an idle 2-core machine
       la-trainer demo --quick              # seconds: a smoke test of the same path
       la-trainer demo --seed 3 --out runs/seed3
     """
