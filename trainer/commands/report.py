@@ -8,7 +8,8 @@ Any run leaves ``metrics.jsonl`` in its record folder (:mod:`trainer.records.run
 engine-spawned, attach, socket, offline and ``record`` runs alike, finished or not. ``RUN`` is a run
 folder, a task folder, the engine's ``LearningCore`` folder or the project's ``Intermediate`` folder (the
 newest run below it). The picture needs matplotlib (the ``plots`` extra); without it the text summary is
-printed and the command says how to get the picture.
+printed and a warning says how to get the picture where the command ran (:func:`plots_advice`), exit 0:
+the same rule as the demo's report (a missing optional picture is a warning, never a failure).
 
 :func:`draw_loss_panel` is the one loss panel: the demo's report (``emulator/demo/figure.py``) draws its
 third panel with it too.
@@ -25,6 +26,7 @@ from typing import Any
 
 import click
 
+from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import (
     HELDOUT_ACTIONS_FILE,
@@ -36,6 +38,7 @@ from trainer.records.runrecord import (
 )
 
 __all__ = [
+    "FIGURE_SUFFIXES",
     "PHASE_STYLE",
     "PLOTS_INSTALL_HINT",
     "draw_actions_panel",
@@ -43,11 +46,33 @@ __all__ = [
     "draw_loss_panel",
     "heldout_series",
     "loss_series",
+    "plots_advice",
     "report_command",
     "summarize",
 ]
 
 PLOTS_INSTALL_HINT = "pip install 'la-trainer[plots]'"
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+"""What ``report --out`` may end in: the formats matplotlib writes with no package beyond the ``plots``
+extra. Checked before anything is read, so a wrong name is refused at once (exit 2), not by matplotlib
+after the summary."""
+
+
+def plots_advice() -> str:
+    """How to get a picture where matplotlib is missing, in words that can be acted on where the command
+    ran: in a container (the la-trainer image leaves matplotlib out, and its user cannot install
+    packages) the picture is drawn outside it, from the run folder in the mounted volume."""
+    from trainer.commands.doctor import in_container
+
+    if in_container():
+        return (
+            "matplotlib is not installed in this container (the la-trainer image leaves it out); draw the "
+            f"picture outside it: {PLOTS_INSTALL_HINT} on the host, then la-trainer report on the run folder "
+            "in the mounted volume"
+        )
+    return f"matplotlib is not installed: {PLOTS_INSTALL_HINT}, then run the command again"
+
 
 PHASE_STYLE: dict[str, tuple[str, str]] = {
     "flow_matching": ("flow matching", "#1f77b4"),
@@ -228,7 +253,7 @@ def _import_pyplot() -> Any:
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="PNG to write (default: RUN_FOLDER/loss.png).",
+    help="Picture to write: a .png, .svg or .pdf file (default: RUN_FOLDER/loss.png).",
 )
 def report_command(run: Path, out: Path | None) -> None:
     """Draw a run's training loss from its metrics log.
@@ -241,6 +266,12 @@ def report_command(run: Path, out: Path | None) -> None:
       la-trainer report MyProject/Intermediate/LearningCore
       la-trainer report la-trainer-runs/External0 --out loss.png
     """
+    if out is not None and out.suffix.lower() not in FIGURE_SUFFIXES:
+        raise LaunchError(
+            f"--out {str(out)!r} ends in {repr(out.suffix) if out.suffix else 'no suffix'}, but the picture is "
+            f"written only as {', '.join(FIGURE_SUFFIXES)}: give --out a file name ending in one of these "
+            "(such as loss.png)."
+        )
     folders = find_run_folders(run)
     if not folders:
         click.echo(
@@ -270,11 +301,10 @@ def report_command(run: Path, out: Path | None) -> None:
     try:
         plt = _import_pyplot()
     except ImportError:
-        click.echo(
-            f"la-trainer: matplotlib is not installed, so no picture was drawn: {PLOTS_INSTALL_HINT}",
-            err=True,
-        )
-        sys.exit(int(ExitCode.USAGE))
+        # A warning, exit 0, as the demo's report: the summary above is the report this installation can
+        # give (the Docker image has no matplotlib), and nothing about the command line was wrong.
+        click.echo(f"la-trainer: warning: no picture drawn: {plots_advice()}.", err=True)
+        return
     measured = heldout_series(points)
     actions = _read_json(folder / HELDOUT_ACTIONS_FILE)
     panels = 1 + bool(measured) + (actions is not None)

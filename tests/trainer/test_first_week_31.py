@@ -1,0 +1,75 @@
+"""Issue 31, "messages and help that tell the truth": one test (or more) per item, each failing before the
+fix. Items that need a whole process (signals, ports, another user) are in
+``tests/integration/test_first_week_31.py``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trainer.commands import report
+from trainer.commands.cli import main
+from trainer.exitcodes import ExitCode
+from trainer.records.runrecord import METRICS_FILE, RUN_FILE
+
+
+def _run_folder(root: Path, lines: list[dict[str, object]] | None = None) -> Path:
+    """A run record with a short metrics log (what every run leaves)."""
+    folder = root / "LearningCore" / "Training0" / "runs" / "Training_FlowMatching_SharedMemory_x"
+    folder.mkdir(parents=True)
+    (folder / RUN_FILE).write_text("{}")
+    rows = lines or [
+        {"iteration": 100, "phase": "flow_matching", "loss": 1.5, "iterations_per_second": 900.0},
+        {"iteration": 200, "phase": "flow_matching", "loss": 0.5, "iterations_per_second": 1000.0},
+    ]
+    (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+# -- item 1: report --out with another suffix; report without matplotlib --------------------------------
+
+
+@pytest.mark.parametrize("name", ["res1.txt", "loss"])
+def test_report_refuses_an_out_it_cannot_draw_naming_the_suffixes(tmp_path: Path, name: str) -> None:
+    _run_folder(tmp_path)
+    result = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(tmp_path / name)])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "--out" in result.output and ".png, .svg, .pdf" in result.output
+    assert ("'.txt'" if name.endswith(".txt") else "no suffix") in result.output
+    assert "Traceback" not in result.output
+    assert "points" not in result.output  # refused before the summary, as a wrong folder is
+
+
+def test_report_without_matplotlib_warns_and_exits_0_as_the_demo_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rule for a missing optional picture (report and demo): the summary, a warning, exit 0."""
+    import trainer.commands.doctor
+
+    _run_folder(tmp_path)
+
+    def missing() -> None:
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(report, "_import_pyplot", missing)
+    for container, advice in ((False, "then run the command again"), (True, "on the host")):
+        monkeypatch.setattr(trainer.commands.doctor, "in_container", lambda c=container: c)
+        result = CliRunner().invoke(main, ["report", str(tmp_path)])
+        assert result.exit_code == ExitCode.OK, result.output
+        assert "2 points" in result.output and "warning: no picture drawn" in result.output
+        assert "pip install 'la-trainer[plots]'" in result.output and advice in result.output
+
+
+def test_the_demo_gives_the_same_advice_without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainer.commands.doctor
+    from emulator.demo import figure
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setattr(trainer.commands.doctor, "in_container", lambda: True)
+    with pytest.raises(figure.PlottingUnavailable) as raised:
+        figure._import_pyplot("report.png")
+    assert str(raised.value) == f"report.png was not drawn: {report.plots_advice()}."
