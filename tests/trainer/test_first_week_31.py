@@ -73,3 +73,19 @@ def test_the_demo_gives_the_same_advice_without_matplotlib(monkeypatch: pytest.M
     with pytest.raises(figure.PlottingUnavailable) as raised:
         figure._import_pyplot("report.png")
     assert str(raised.value) == f"report.png was not drawn: {report.plots_advice()}."
+
+
+# -- item 12: watch on a file that is not a status file ---------------------------------------------------
+
+
+@pytest.mark.parametrize("once", [True, False])
+@pytest.mark.parametrize(("content", "why"), [(b"", "it is empty"), (b'{"iteration": 1}\n', "status map")])
+def test_watch_on_a_file_that_is_no_status_says_so(
+    tmp_path: Path, once: bool, content: bytes, why: str
+) -> None:
+    path = tmp_path / "empty.msgpack"
+    path.write_bytes(content)
+    result = CliRunner().invoke(main, ["watch", str(path), *(["--once"] if once else [])])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert f"{path} is not a status file (la-trainer-status.msgpack) or a folder: " in result.output
+    assert why in result.output and "Unpack failed" not in result.output

@@ -143,6 +143,17 @@ def render(status: Status, where: str, health: Health, *, now: float | None = No
     return line
 
 
+def _why(path: Path, error: BaseException) -> str:
+    """Why ``path`` is not a status file, in our words (msgpack's own are "Unpack failed: ...")."""
+    if isinstance(error, OSError):
+        return f"it cannot be read: {error.strerror or error}"
+    try:
+        empty = path.stat().st_size == 0
+    except OSError:
+        empty = False
+    return "it is empty" if empty else "it does not hold la-trainer's status map"
+
+
 def _describe(path: Path) -> str:
     folder = path.parent
     return f"{folder.parent.name}/{folder.name}" if folder.parent.name else folder.name
@@ -162,6 +173,19 @@ def watch(
     """Follow the newest run under ``path`` until it ends (or once); returns the exit code."""
     out = stream if stream is not None else sys.stdout
     redraw = out.isatty() if tty is None else tty
+    if path.is_file():
+        # A file named on the command line must be a status file: anything else (an empty file, a run's
+        # metrics log) is refused at once, never followed for ever or reported by the decoder's words.
+        try:
+            read_status(path)
+        except (OSError, ValueError) as error:
+            out.write(
+                f"la-trainer watch: {path} is not a status file ({STATUS_FILE_NAME}) or a folder: "
+                f"{_why(path, error)}. Point it at a task folder (.../Intermediate/LearningCore/Training0), "
+                "the LearningCore folder or the project's Intermediate folder.\n"
+            )
+            out.flush()
+            return int(ExitCode.USAGE)
     shown = None
     drawn = False
     while True:
