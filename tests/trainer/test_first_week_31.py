@@ -89,3 +89,55 @@ def test_watch_on_a_file_that_is_no_status_says_so(
     assert result.exit_code == ExitCode.USAGE, result.output
     assert f"{path} is not a status file (la-trainer-status.msgpack) or a folder: " in result.output
     assert why in result.output and "Unpack failed" not in result.output
+
+
+# -- item 11: help that is not cut, options that apply, progress lines without syncs offline ----------------
+
+
+def test_the_command_list_cuts_no_description() -> None:
+    result = CliRunner().invoke(main, ["--help"], terminal_width=80)
+    assert result.exit_code == 0
+    commands = result.output.split("Commands:", 1)[1]
+    assert "..." not in commands
+    rows: dict[str, str] = {}
+    for line in commands.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            name, _, text = line.strip().partition(" ")
+            rows[name] = text.strip()
+        elif line.strip():
+            rows[name] += " " + line.strip()
+    assert {"socket", "watch", "shm", "offline"} <= set(rows)
+    assert all(text.endswith(".") for text in rows.values()), rows
+
+
+@pytest.mark.parametrize("command", ["offline", "record"])
+def test_commands_that_train_from_files_list_no_game_options(command: str) -> None:
+    result = CliRunner().invoke(main, [command, "--help"], terminal_width=120)
+    assert result.exit_code == 0
+    for flag in ("--sync-every-iterations", "--sync-every-seconds", "--wait"):
+        assert flag not in result.output
+    assert "--iterations" in result.output and "--device" in result.output
+    refused = CliRunner().invoke(main, [command, ".", "--wait", "5"])
+    assert refused.exit_code == ExitCode.USAGE and "No such option '--wait'" in refused.output
+
+
+@pytest.mark.parametrize("command", ["shm", "socket"])
+def test_commands_with_a_game_keep_the_game_options(command: str) -> None:
+    result = CliRunner().invoke(main, [command, "--help"], terminal_width=120)
+    for flag in ("--sync-every-iterations", "--sync-every-seconds", "--wait"):
+        assert flag in result.output
+
+
+def test_offline_progress_lines_count_no_syncs(tmp_path: Path) -> None:
+    import io
+
+    from trainer.records.progress import ProgressReporter, read_status
+
+    for syncs, shown in ((True, True), (False, False)):
+        stream = io.StringIO()
+        status = tmp_path / f"status-{syncs}.msgpack"
+        with ProgressReporter(10, stream=stream, tty=False, syncs=syncs, status_path=status) as reporter:
+            reporter.syncs = 3
+            reporter.update(5, 0.5, force=True)
+            assert ("syncs 3" in stream.getvalue()) is shown, stream.getvalue()
+            assert read_status(status).syncs == (3 if shown else 0)

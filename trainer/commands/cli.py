@@ -19,7 +19,14 @@ import click
 
 from trainer import __version__
 
-__all__ = ["MORE_OPTIONS", "main", "training_options", "training_overrides"]
+__all__ = [
+    "LIVE_ONLY_OPTIONS",
+    "MORE_OPTIONS",
+    "main",
+    "offline_training_options",
+    "training_options",
+    "training_overrides",
+]
 
 
 def _more_options() -> str:
@@ -36,10 +43,20 @@ MORE_OPTIONS = _more_options()
 """The epilog of every training command's ``--help``: where the other options are, and which are
 experimental."""
 
+LIVE_ONLY_OPTIONS = ("sync_every_iterations", "sync_every_seconds", "wait")
+"""Options that mean something only with a game on the other end (networks sent back to it, the wait for
+it): ``offline`` and ``record`` do not list them (:func:`offline_training_options`)."""
 
-def training_options(func: Any) -> Any:
+
+def offline_training_options(func: Any) -> Any:
+    """:func:`training_options` without :data:`LIVE_ONLY_OPTIONS`, for the commands that train from files."""
+    return training_options(func, live=False)
+
+
+def training_options(func: Any, *, live: bool = True) -> Any:
     """Options shared by every training subcommand. Each is also ``LA_TRAINER_<NAME>`` and a key of
-    ``la-trainer.json`` (README, "Trainer options"); values are checked by :mod:`trainer.settings.options`."""
+    ``la-trainer.json`` (README, "Trainer options"); values are checked by :mod:`trainer.settings.options`.
+    ``live`` False: without :data:`LIVE_ONLY_OPTIONS`."""
     decorators = [
         click.option(
             "--iterations",
@@ -109,8 +126,23 @@ def training_options(func: Any) -> Any:
             help="Log to MLflow at this tracking URI ('default': MLflow's own); also UseMLflow in Unreal.",
         ),
     ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
+    names = (
+        "iteration_num",
+        "device",
+        "sync_every_iterations",
+        "sync_every_seconds",
+        "ode_steps",
+        "time_distribution",
+        "threads",
+        "compile",
+        "resume",
+        "wait",
+        "tensorboard",
+        "mlflow",
+    )
+    for name, decorator in reversed(list(zip(names, decorators, strict=True))):
+        if live or name not in LIVE_ONLY_OPTIONS:
+            func = decorator(func)
     return func
 
 
@@ -221,7 +253,8 @@ class _LazyGroup(click.Group):
             else:
                 command = super().get_command(ctx, name)
                 if command is not None and not command.hidden:
-                    rows.append((name, command.get_short_help_str(limit=formatter.width - 6 - len(name))))
+                    # No limit that cuts a sentence ("..."): write_dl wraps a long one.
+                    rows.append((name, command.get_short_help_str(limit=500)))
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
@@ -354,7 +387,11 @@ def shm_command(
     )
 
 
-@main.command("socket", epilog=MORE_OPTIONS)
+@main.command(
+    "socket",
+    short_help="Train over TCP: a server the game connects to, session after session.",
+    epilog=MORE_OPTIONS,
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=48491, show_default=True, type=click.IntRange(1, 65535), help="TCP port.")
 @click.option(
@@ -465,7 +502,7 @@ def socket_command(
     help="Folder for the trained networks, status and run record (default: a new Offline<N> folder "
     "beside the engine's task folders). The export itself is never written to.",
 )
-@training_options
+@offline_training_options
 def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     """Train from the engine's exported TrainingMaterials folder.
 
@@ -511,7 +548,7 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
         _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
 
 
-@main.command("watch")
+@main.command("watch", short_help="Follow the newest run below a folder (--once: a health check).")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--interval",

@@ -39,7 +39,7 @@ from protocol.engine.export import TRAINING_MATERIALS_DIR, encode_training_mater
 from protocol.errors import ProtocolError
 from protocol.ints import INT32_MAX, INT32_MIN
 from protocol.record import Record, read_records, records_to_replay_buffer
-from trainer.commands.cli import MORE_OPTIONS, training_options, training_overrides
+from trainer.commands.cli import MORE_OPTIONS, offline_training_options, training_overrides
 from trainer.errors import NoSpace
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import check_output_folder, new_task_folder
@@ -215,7 +215,7 @@ def expand_record_paths(arguments: Sequence[str]) -> list[Path]:
 @click.option("--activation", type=click.Choice(ACTIVATION_FUNCTIONS), default="ELU", show_default=True)
 @click.option("--chunk", type=int, default=1, show_default=True, help="ActionChunkSize.")
 @click.option("--embed/--no-embed", default=True, show_default=True, help="EmbedNormalizationsInWeights.")
-@training_options
+@offline_training_options
 def record_command(
     records: tuple[str, ...],
     schema_path: Path,

@@ -188,6 +188,7 @@ class ProgressReporter:
         status_path: Path | None = None,
         label: str = "train",
         heartbeat_s: float = HEARTBEAT_S,
+        syncs: bool = True,
     ) -> None:
         self.total = total
         self.every_s = every_s
@@ -200,6 +201,9 @@ class ProgressReporter:
         self._last_iteration = 0
         self._rate = 0.0
         self.syncs = 0
+        self.show_syncs = syncs
+        """The run sends networks to a game: the progress line and the status count the rounds (offline
+        there is no game to send them to)."""
         self._lock = threading.Lock()
         self._status = Status(
             phase=RunPhase.STARTING,
@@ -301,9 +305,10 @@ class ProgressReporter:
             overwrite(line + "\n" if iteration >= self.total else line, self.stream)
         else:
             note = f" | {self.note}" if self.note else ""
+            syncs = f" syncs {self.syncs}" if self.show_syncs else ""
             log(
                 f"{self.label}: iteration {iteration}/{self.total} ({pct:.1f}%) loss {loss:.5f} "
-                f"{self._rate:,.0f} it/s eta {format_duration(remaining)} syncs {self.syncs}{note}",
+                f"{self._rate:,.0f} it/s eta {format_duration(remaining)}{syncs}{note}",
                 self.stream,
             )
         self._set(
@@ -321,7 +326,8 @@ class ProgressReporter:
     # -- the file ------------------------------------------------------------------------------------
     def _set(self, **changes: object) -> None:
         with self._lock:
-            self._status = dataclasses.replace(self._status, syncs=self.syncs, **changes)  # type: ignore[arg-type]
+            syncs = self.syncs if self.show_syncs else 0
+            self._status = dataclasses.replace(self._status, syncs=syncs, **changes)  # type: ignore[arg-type]
         self._write_status()
 
     def _write_status(self) -> None:

@@ -210,7 +210,11 @@ def run_training(
     (``trainer.records.runrecord``) follow the run to its end, whichever way it ends."""
     status_path = task_dir / STATUS_FILE_NAME if (task_dir is not None and options.status_file) else None
     runlog = RunLog()
-    with ProgressReporter(0, every_s=options.progress_every_seconds, status_path=status_path) as reporter:
+    # Offline (the engine's export) there is no game to send networks to: no sync count on the lines.
+    syncs = link.comm_type != CommType.FILES
+    with ProgressReporter(
+        0, every_s=options.progress_every_seconds, status_path=status_path, syncs=syncs
+    ) as reporter:
         try:
             return _story(
                 link,
