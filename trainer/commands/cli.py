@@ -353,12 +353,6 @@ def shm_command(
             raise click.BadParameter(str(error), param_hint="--guid") from None
     check_output_folder(task_dir, "TASK_DIR")
     config_dir = check_output_folder((config_dir or task_dir / "Configs").resolve(), "--config-dir")
-    if create:
-        click.echo("Start the game with these command-line switches:")
-        click.echo(
-            f"  -LearningAgentsUseExternalTrainingProcess -LearningAgentsControlsGuid={guid} "
-            f'-LearningAgentsConfigPath="{config_dir}"'
-        )
     args = LaunchArgs(
         task_name="External",
         trainer_path=None,
@@ -369,22 +363,22 @@ def shm_command(
             task_dir=str(task_dir), controls_guid=guid, create_mem=create, make_task_dir=True, num_processes=1
         ),
     )
+
+    def open_link(flag: Any) -> Any:
+        link = open_link_for_launch(args, timeouts, config_dir, flag, serve=serve)
+        if create:
+            # Only once the block is ours: a refusal (a second trainer on this GUID) comes without them.
+            click.echo("Start the game with these command-line switches:")
+            click.echo(
+                f"  -LearningAgentsUseExternalTrainingProcess -LearningAgentsControlsGuid={guid} "
+                f'-LearningAgentsConfigPath="{config_dir}"'
+            )
+        return link
+
     if serve:
         # Every session in TASK_DIR: each gets its own run record under TASK_DIR/runs.
-        _exit(
-            serve_sessions(
-                lambda flag: open_link_for_launch(args, timeouts, config_dir, flag, serve=True),
-                options=options,
-                task_dir_for=lambda _: task_dir,
-            )
-        )
-    _exit(
-        run_with_link(
-            lambda flag: open_link_for_launch(args, timeouts, config_dir, flag),
-            options=options,
-            task_dir=task_dir,
-        )
-    )
+        _exit(serve_sessions(open_link, options=options, task_dir_for=lambda _: task_dir))
+    _exit(run_with_link(open_link, options=options, task_dir=task_dir))
 
 
 @main.command(
@@ -430,12 +424,22 @@ def socket_command(
       la-trainer socket --host 0.0.0.0 --port 48491
     """
     from protocol.argv import LaunchArgs, SocketArgs
+    from protocol.errors import ArgvError
     from trainer.errors import LaunchError
     from trainer.records.runrecord import check_output_folder, new_task_folder
     from trainer.session.app import open_link_for_launch, run_with_link, serve_sessions
     from trainer.settings.options import load_options
     from trainer.settings.timeouts import Timeouts
 
+    try:
+        mode = SocketArgs(host=host, port=port, temp_directory=str(temp_dir), num_processes=1)
+    except ArgvError:
+        # The engine's grammar refuses it (spaces, brackets, a leading '-'): say it in this command's terms.
+        raise click.BadParameter(
+            f"{host!r} is not a host name or address (no spaces, brackets, '/' or leading '-'); use an "
+            "address of this machine: 0.0.0.0 for all of them, 127.0.0.1 for this machine only.",
+            param_hint="--host",
+        ) from None
     overrides = training_overrides(kwargs)
     if config_wait is not None:
         overrides["config_wait"] = config_wait
@@ -451,20 +455,26 @@ def socket_command(
     else:
         task_dir = new_task_folder(runs, "External")
         click.echo(f"Run folder: {task_dir}")
-    click.echo("Start the game with these command-line switches:")
-    shown_host = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
-    click.echo(
-        f"  -LearningAgentsUseExternalTrainingProcess -LearningAgentsIpAddress={shown_host} "
-        f"-LearningAgentsPort={port}"
-    )
     args = LaunchArgs(
         task_name="External",
         trainer_path=None,
         trainer_module=None,
         log=True,
         nne_cpu_path=None,
-        mode=SocketArgs(host=host, port=port, temp_directory=str(temp_dir), num_processes=1),
+        mode=mode,
     )
+
+    def open_link(flag: Any) -> Any:
+        link = open_link_for_launch(args, timeouts, None, flag, serve=serve)
+        # Only once the port is ours: a refusal (port in use, a wrong address) comes without them.
+        click.echo("Start the game with these command-line switches:")
+        shown_host = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
+        click.echo(
+            f"  -LearningAgentsUseExternalTrainingProcess -LearningAgentsIpAddress={shown_host} "
+            f"-LearningAgentsPort={port}"
+        )
+        return link
+
     if serve:
 
         def session_folder(session: int) -> Path:
@@ -478,19 +488,8 @@ def socket_command(
             click.echo(f"Run folder: {folder}")
             return folder
 
-        _exit(
-            serve_sessions(
-                lambda flag: open_link_for_launch(args, timeouts, None, flag, serve=True),
-                options=options,
-                task_dir_for=session_folder,
-                config_first=True,
-            )
-        )
-    _exit(
-        run_with_link(
-            lambda flag: open_link_for_launch(args, timeouts, None, flag), options=options, task_dir=task_dir
-        )
-    )
+        _exit(serve_sessions(open_link, options=options, task_dir_for=session_folder, config_first=True))
+    _exit(run_with_link(open_link, options=options, task_dir=task_dir))
 
 
 @main.command("offline", epilog=MORE_OPTIONS)

@@ -1,0 +1,105 @@
+"""Issue 31 items that need the real commands with their links: a refusal says only what happened
+(item 3). Each runs ``la-trainer`` in this process (click's runner) against a port or a control block
+held here."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from emulator.session import free_tcp_port
+from protocol.guid import new_guid
+from trainer.commands.cli import main
+from trainer.exitcodes import ExitCode
+from trainer.session.transport.tcp import listen_refusal
+from trainer.system.lockfile import ControlBlockLock
+
+SWITCHES = "Start the game with these command-line switches"
+
+
+# -- item 3: no switches before a refusal; advice for the side that is refused ----------------------------
+
+
+def test_a_port_in_use_is_refused_without_switches_and_names_the_trainers_option(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            main, ["socket", "--port", str(port), "--once", "--temp-dir", str(tmp_path / "runs")]
+        )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert f"port {port} on 127.0.0.1 is already in use" in result.output
+    assert SWITCHES not in result.output and "-LearningAgentsPort=" not in result.output
+    assert "the trainer's --port" in result.output and "Traceback" not in result.output
+
+
+def test_a_free_port_shows_the_switches_once_it_is_listening(tmp_path: Path) -> None:
+    port = free_tcp_port()
+    result = CliRunner().invoke(
+        main,
+        ["socket", "--port", str(port), "--once", "--wait", "0.2", "--temp-dir", str(tmp_path / "runs")],
+        env={"LA_TRAINER_TIMEOUT_SCALE": "1"},
+    )
+    assert result.exit_code == ExitCode.TIMEOUT, result.output
+    assert f"-LearningAgentsPort={port}" in result.output
+    assert result.output.index(SWITCHES) < result.output.index("waiting up to")
+
+
+def test_a_second_trainer_on_a_guid_is_refused_without_switches_or_torchrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    guid = new_guid(os.urandom(16)).braced_upper()
+    held = ControlBlockLock(guid)
+    try:
+        result = CliRunner().invoke(main, ["shm", str(tmp_path / "task"), "--create", "--guid", guid])
+    finally:
+        held.release()
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert f"already serves control block {guid}" in result.output
+    assert SWITCHES not in result.output and "torchrun" not in result.output
+    assert "another GUID" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("code", "port", "words"),
+    [
+        (errno.EACCES, 80, "ports below 1024 need administrator rights"),
+        (errno.EADDRNOTAVAIL, 48491, "is not an address of this machine"),
+    ],
+)
+def test_listen_refusals_say_what_to_change(code: int, port: int, words: str) -> None:
+    text = listen_refusal("10.9.9.9", port, OSError(code, "refused"))
+    assert words in text and ("--port" in text or "--host" in text)
+
+
+@pytest.mark.parametrize(
+    ("host", "words"),
+    [
+        ("nosuchhost.invalid", "cannot resolve the listen address 'nosuchhost.invalid'"),
+        ("no such host", "'no such host' is not a host name or address"),
+    ],
+)
+def test_a_host_that_cannot_be_listened_on_names_the_option(tmp_path: Path, host: str, words: str) -> None:
+    result = CliRunner().invoke(
+        main, ["socket", "--host", host, "--once", "--temp-dir", str(tmp_path / "runs")]
+    )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert words in result.output and "--host" in result.output
+    assert SWITCHES not in result.output and "train.py" not in result.output
+
+
+def test_under_torchrun_the_refusal_says_what_torchrun_should_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.errors import LaunchError
+
+    guid = new_guid(os.urandom(16)).braced_upper()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with ControlBlockLock(guid, folder=tmp_path), pytest.raises(LaunchError) as refused:
+        ControlBlockLock(guid, folder=tmp_path)
+    assert "Under torchrun only rank 0 talks to the game" in str(refused.value)
