@@ -141,3 +141,51 @@ def test_offline_progress_lines_count_no_syncs(tmp_path: Path) -> None:
             reporter.update(5, 0.5, force=True)
             assert ("syncs 3" in stream.getvalue()) is shown, stream.getvalue()
             assert read_status(status).syncs == (3 if shown else 0)
+
+
+# -- item 9: which settings files were read, and where each option came from ------------------------------
+
+
+def _export(root: Path) -> Path:
+    """An engine export (TrainingMaterials/<stamp>) of a tiny task, under ``root``/TrainingMaterials."""
+    from emulator.game import FileExport
+    from emulator.session import build_session_config
+    from tests.support.faults import TINY, small_task
+
+    config, blobs = build_session_config(small_task(), TINY, str(root))
+    return FileExport(root).write(config, dict(enumerate(blobs)), small_task().replay_buffer)
+
+
+def test_offline_says_which_settings_files_it_read_and_records_every_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.records.runrecord import OPTION_SOURCES_FILE, OPTIONS_FILE, find_run_folders
+
+    export = _export(tmp_path)
+    project_file = tmp_path / "la-trainer.json"
+    project_file.write_text(json.dumps({"threads": 1, "heldout_share": 0}))
+    monkeypatch.setenv("LA_TRAINER_EMA_DECAY", "0.9")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["offline", str(export), "--out", str(out), "--iterations", "12"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("la-trainer: settings files:"))
+    # --out is new: it holds no settings file to look for.
+    assert line == f"la-trainer: settings files: read {project_file} (threads, heldout_share)"
+    (record,) = find_run_folders(out)
+    sources = json.loads((record / OPTION_SOURCES_FILE).read_text())
+    assert sources["threads"] == sources["heldout_share"] == f"settings file {project_file}"
+    assert sources["ema_decay"] == "environment variable LA_TRAINER_EMA_DECAY"
+    assert sources["iteration_num"] == "command-line option --iterations"
+    assert sources["spread_gain"] == "default"
+    assert set(sources) == set(json.loads((record / OPTIONS_FILE).read_text()))
+
+
+def test_the_settings_line_says_when_no_file_was_there(tmp_path: Path) -> None:
+    from trainer.settings.options import load_options_traced
+
+    loaded = load_options_traced(tmp_path / "task", shared_dir=tmp_path, environ={})
+    assert loaded.settings_line() == (
+        f"la-trainer: settings files: none at {tmp_path / 'la-trainer.json'}; "
+        f"none at {tmp_path / 'task' / 'la-trainer.json'}"
+    )
+    assert load_options_traced(None, environ={}).settings_line() == ""

@@ -327,7 +327,7 @@ def shm_command(
     from protocol.guid import parse_guid
     from trainer.records.runrecord import check_output_folder
     from trainer.session.app import open_link_for_launch, run_with_link, serve_sessions
-    from trainer.settings.options import load_options
+    from trainer.settings.options import load_options_traced
     from trainer.settings.timeouts import Timeouts
 
     if serve and not create:
@@ -335,11 +335,12 @@ def shm_command(
             "--serve needs --create: only a control block this trainer created outlives one game session."
         )
 
-    options = load_options(
+    loaded = load_options_traced(
         task_dir if task_dir.is_dir() else None,
         training_overrides(kwargs),
         shared_dir=task_dir.resolve().parent,  # the project-wide file (trainer.settings.options.load_options)
     )
+    options = loaded.options
     timeouts = Timeouts.from_env(options.wait)
     _check_device_before_listening(options.device)
     if guid is None:
@@ -375,10 +376,16 @@ def shm_command(
             )
         return link
 
+    click.echo(loaded.settings_line())
+    sources = loaded.every_source()
     if serve:
         # Every session in TASK_DIR: each gets its own run record under TASK_DIR/runs.
-        _exit(serve_sessions(open_link, options=options, task_dir_for=lambda _: task_dir))
-    _exit(run_with_link(open_link, options=options, task_dir=task_dir))
+        _exit(
+            serve_sessions(
+                open_link, options=options, task_dir_for=lambda _: task_dir, option_sources=sources
+            )
+        )
+    _exit(run_with_link(open_link, options=options, task_dir=task_dir, option_sources=sources))
 
 
 @main.command(
@@ -428,7 +435,7 @@ def socket_command(
     from trainer.errors import LaunchError
     from trainer.records.runrecord import check_output_folder, new_task_folder
     from trainer.session.app import open_link_for_launch, run_with_link, serve_sessions
-    from trainer.settings.options import load_options
+    from trainer.settings.options import load_options_traced
     from trainer.settings.timeouts import Timeouts
 
     try:
@@ -443,7 +450,8 @@ def socket_command(
     overrides = training_overrides(kwargs)
     if config_wait is not None:
         overrides["config_wait"] = config_wait
-    options = load_options(None, overrides, shared_dir=temp_dir if temp_dir.is_dir() else None)
+    loaded = load_options_traced(None, overrides, shared_dir=temp_dir if temp_dir.is_dir() else None)
+    options = loaded.options
     timeouts = Timeouts.from_env(options.wait, config_wait=options.config_wait)
     _check_device_before_listening(options.device)
     runs = check_output_folder(temp_dir, "--temp-dir")
@@ -455,6 +463,9 @@ def socket_command(
     else:
         task_dir = new_task_folder(runs, "External")
         click.echo(f"Run folder: {task_dir}")
+    if loaded.settings_line():
+        click.echo(loaded.settings_line())
+    sources = loaded.every_source()
     args = LaunchArgs(
         task_name="External",
         trainer_path=None,
@@ -488,8 +499,16 @@ def socket_command(
             click.echo(f"Run folder: {folder}")
             return folder
 
-        _exit(serve_sessions(open_link, options=options, task_dir_for=session_folder, config_first=True))
-    _exit(run_with_link(open_link, options=options, task_dir=task_dir))
+        _exit(
+            serve_sessions(
+                open_link,
+                options=options,
+                task_dir_for=session_folder,
+                config_first=True,
+                option_sources=sources,
+            )
+        )
+    _exit(run_with_link(open_link, options=options, task_dir=task_dir, option_sources=sources))
 
 
 @main.command("offline", epilog=MORE_OPTIONS)
@@ -516,7 +535,7 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     from trainer.session.app import run_with_link
     from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
     from trainer.session.transport.files import find_training_materials
-    from trainer.settings.options import SETTINGS_FILE_NAME, load_options
+    from trainer.settings.options import SETTINGS_FILE_NAME, load_options, load_options_traced
     from trainer.system.lockfile import OutputFolderLock
 
     overrides = training_overrides(kwargs)
@@ -525,12 +544,13 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     load_options(None, overrides)
     folder = find_training_materials(materials)
     project = default_output_parent(folder)
-    options = load_options(
+    loaded = load_options_traced(
         out if out is not None and out.is_dir() else None,
         overrides,
         warn=lambda _: None,  # warned once already
         shared_dir=project,
     )
+    options = loaded.options
     if (folder / SETTINGS_FILE_NAME).exists():
         click.echo(
             f"la-trainer: warning: {folder / SETTINGS_FILE_NAME} is not read (an export is the engine's input); "
@@ -544,7 +564,12 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     # One run per output folder: a second run into it is refused while this one trains (exit 2).
     with OutputFolderLock(out):
         click.echo(f"la-trainer: training from {folder}; outputs in {out}")
-        _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
+        click.echo(loaded.settings_line())
+        _exit(
+            run_with_link(
+                lambda flag: link, options=options, task_dir=out, option_sources=loaded.every_source()
+            )
+        )
 
 
 @main.command("watch", short_help="Follow the newest run below a folder (--once: a health check).")

@@ -45,7 +45,7 @@ from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import check_output_folder, new_task_folder
 from trainer.session.app import run_with_link
 from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
-from trainer.settings.options import check_command_value, load_options
+from trainer.settings.options import check_command_value, load_options, load_options_traced
 from trainer.system.atomic import atomic_write
 from trainer.system.console import warn
 from trainer.system.diskspace import is_no_space, no_space_paragraph
@@ -317,9 +317,17 @@ def record_command(
             f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}"
         )
         # The settings files as in every mode (trainer.settings.options.load_options): --out is the
-        # project folder.
-        options = load_options(None, overrides, warn=lambda _: None, shared_dir=out)  # warned once already
+        # project folder. Warned once already.
+        loaded = load_options_traced(None, overrides, warn=lambda _: None, shared_dir=out)
         output = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
         link = FileTrainerLink(folder, output_dir=output)
         click.echo(f"la-trainer: training; outputs in {output}")
-        sys.exit(run_with_link(lambda flag: link, options=options, task_dir=output))
+        click.echo(loaded.settings_line())
+        sys.exit(
+            run_with_link(
+                lambda flag: link,
+                options=loaded.options,
+                task_dir=output,
+                option_sources=loaded.every_source(),
+            )
+        )

@@ -199,9 +199,13 @@ def run_training(
     interrupt: InterruptLike | None = None,
     prepare_job: Callable[[TrainingJob], TrainingJob] | None = None,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
+    option_sources: Mapping[str, str] | None = None,
 ) -> ExitCode:
     """The whole run. Returns OK, INTERRUPTED, DIVERGED or PEER_GONE (a lost scale-out rank); raises on
     every other failure.
+
+    ``option_sources``: where each option came from
+    (:meth:`trainer.settings.options.LoadedOptions.every_source`), kept in the run record.
 
     ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
     it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`). ``timeouts``:
@@ -225,6 +229,7 @@ def run_training(
                 interrupt=interrupt,
                 prepare_job=prepare_job,
                 timeouts=timeouts,
+                option_sources=option_sources,
             )
         except BaseException as error:
             runlog.abort(error)
@@ -277,6 +282,7 @@ def _story(
     interrupt: InterruptLike | None,
     prepare_job: Callable[[TrainingJob], TrainingJob] | None,
     timeouts: Timeouts,
+    option_sources: Mapping[str, str] | None,
 ) -> ExitCode:
     from trainer.session.links import KeepAlive
 
@@ -292,7 +298,9 @@ def _story(
         job, device, tuner = _build_job(
             config, received, replay, options, task_dir, prepare_job, reporter=reporter, runlog=runlog
         )
-    run = _start_training(link, reporter, runlog, options, task_dir, config, received, job, device, tuner)
+    run = _start_training(
+        link, reporter, runlog, options, task_dir, config, received, job, device, tuner, option_sources
+    )
     # 5. Train: step, report, sync, snapshot; stop when asked.
     end, iteration = _train(run, interrupt)
     # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
@@ -392,9 +400,11 @@ def _start_training(
     job: TrainingJob,
     device: torch.device,
     tuner: ThreadTuner,
+    option_sources: Mapping[str, str] | None,
 ) -> _Run:
     """Between sections 4 and 5: training begins (status, one log line), and the run's snapshot writer,
-    record and trackers open under the engine's run name (spec §7.2; trainer.records.runrecord)."""
+    record and trackers open under the engine's run name (spec §7.2; trainer.records.runrecord), with
+    where each option came from (``option_sources``) when known."""
     total = job.total_iterations
     reporter.start(total, job.start_iteration)
     reporter.phase(RunPhase.TRAINING)  # before the first progress line: a failure now is a training failure
@@ -427,6 +437,7 @@ def _start_training(
             "first_iteration": job.start_iteration,
         },
         first_iteration=job.start_iteration,
+        option_sources=option_sources,
     )
     if runlog.folder is not None:
         reporter.run_dir(runlog.folder)
