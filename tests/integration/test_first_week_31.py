@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +107,55 @@ def test_under_torchrun_the_refusal_says_what_torchrun_should_run(
     with ControlBlockLock(guid, folder=tmp_path), pytest.raises(LaunchError) as refused:
         ControlBlockLock(guid, folder=tmp_path)
     assert "Under torchrun only rank 0 talks to the game" in str(refused.value)
+
+
+# -- item 2: a server with --wait says it does not apply ---------------------------------------------------
+
+
+def _start(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", *argv],
+        cwd=cwd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _read_until(proc: subprocess.Popen[str], words: str, lines: list[str]) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120.0
+    while not any(words in line for line in lines):
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+        lines.append(proc.stdout.readline())
+
+
+def _stop(proc: subprocess.Popen[str], lines: list[str]) -> str:
+    try:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return "".join(lines) + rest
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM")
+@pytest.mark.parametrize("command", ["socket", "shm"])
+def test_a_server_given_a_wait_says_it_does_not_apply(tmp_path: Path, command: str) -> None:
+    if command == "socket":
+        argv = ["socket", "--wait", "5", "--port", str(free_tcp_port()), "--temp-dir", str(tmp_path / "runs")]
+        env = None
+    else:
+        argv = ["shm", str(tmp_path / "task"), "--create", "--serve"]
+        env = {"LA_TRAINER_WAIT": "5"}
+    proc = _start(argv, tmp_path, env)
+    lines: list[str] = []
+    _read_until(proc, SWITCHES, lines)
+    output = _stop(proc, lines)
+    assert proc.returncode == ExitCode.OK, output
+    source = "command-line option --wait" if command == "socket" else "environment variable LA_TRAINER_WAIT"
+    assert f"la-trainer: note: {source} sets wait to 5 s, which does not apply to a server" in output
+    assert "waiting up to" not in output and "Traceback" not in output

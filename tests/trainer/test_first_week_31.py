@@ -189,3 +189,36 @@ def test_the_settings_line_says_when_no_file_was_there(tmp_path: Path) -> None:
         f"none at {tmp_path / 'task' / 'la-trainer.json'}"
     )
     assert load_options_traced(None, environ={}).settings_line() == ""
+
+
+# -- item 2: a server does not advise --wait, and says --wait does not apply to it --------------------------
+
+
+def test_a_servers_long_wait_line_does_not_advise_wait() -> None:
+    import math
+
+    from trainer.session.transport.wait import WaitRule
+    from trainer.settings.timeouts import Timeouts
+
+    said: list[str] = []
+    rule = WaitRule(
+        Timeouts(wait=30.0), visible=False, why_unseen="serving", output=said.append, serving=True
+    )
+    assert math.isinf(rule.bound) and math.isinf(rule.start("the game"))
+    rule.notice("the game to connect")(20.0)
+    (line,) = said  # the start of an unbounded wait announces nothing
+    assert "without a bound" in line and "--wait bounds only a --once trainer's wait" in line
+    assert "change it with --wait" not in line
+
+
+def test_the_note_names_where_the_wait_came_from_and_what_applies() -> None:
+    from trainer.commands.cli import _wait_note
+    from trainer.settings.options import load_options_traced
+
+    loaded = load_options_traced(None, {"wait": 30.0}, environ={})
+    note = _wait_note(loaded.sources, loaded.options.wait)
+    assert note.startswith(
+        "la-trainer: note: command-line option --wait sets wait to 30 s, which does not apply"
+    )
+    assert "without a bound" in note and "--once" in note
+    assert _wait_note(load_options_traced(None, environ={}).sources, 600.0) == ""  # nobody set it: no note

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -111,7 +112,7 @@ def training_options(func: Any, *, live: bool = True) -> Any:
             default=None,
             help="Bound of a wait that cannot see the game (attach mode before the game came or where its process "
             "cannot be seen; socket --once before the game connected); "
-            "0: no bound. Default 600.",
+            "0: no bound. Default 600. A server (socket, shm --serve) waits for each game without a bound.",
         ),
         click.option(
             "--tensorboard/--no-tensorboard",
@@ -179,6 +180,22 @@ def _check_device_before_listening(device: str) -> None:
         from trainer.training.device import check_device_option
 
         check_device_option(device)
+
+
+def _wait_note(sources: Mapping[str, str], wait: float) -> str:
+    """The line that says a ``wait`` someone set does not apply to a server (empty when nobody set it).
+
+    A server's job is to be there whenever a game comes (an editor restarted, PIE started again, the
+    Docker image's health check), so it waits for each game without a bound and ends on SIGINT/SIGTERM;
+    a bounded wait for one game is ``--once``, where the option applies."""
+    source = sources.get("wait")
+    if source is None:
+        return ""
+    return (
+        f"la-trainer: note: {source} sets wait to {wait:g} s, which does not apply to a server: it waits for "
+        "each game without a bound until SIGINT/SIGTERM. With --once (one session) the wait for the game is "
+        "bounded by it."
+    )
 
 
 class _LazyGroup(click.Group):
@@ -378,6 +395,8 @@ def shm_command(
 
     click.echo(loaded.settings_line())
     sources = loaded.every_source()
+    if serve and _wait_note(loaded.sources, options.wait):
+        click.echo(_wait_note(loaded.sources, options.wait))
     if serve:
         # Every session in TASK_DIR: each gets its own run record under TASK_DIR/runs.
         _exit(
@@ -466,6 +485,8 @@ def socket_command(
     if loaded.settings_line():
         click.echo(loaded.settings_line())
     sources = loaded.every_source()
+    if serve and _wait_note(loaded.sources, options.wait):
+        click.echo(_wait_note(loaded.sources, options.wait))
     args = LaunchArgs(
         task_name="External",
         trainer_path=None,
