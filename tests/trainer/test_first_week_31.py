@@ -222,3 +222,55 @@ def test_the_note_names_where_the_wait_came_from_and_what_applies() -> None:
     )
     assert "without a bound" in note and "--once" in note
     assert _wait_note(load_options_traced(None, environ={}).sources, 600.0) == ""  # nobody set it: no note
+
+
+# -- item 7: --out inside the export, an empty --out, run names from the output folder ---------------------
+
+
+@pytest.mark.parametrize("inside", ["export", "materials"])
+def test_offline_refuses_an_out_inside_the_export(tmp_path: Path, inside: str) -> None:
+    export = _export(tmp_path)
+    out = (export if inside == "export" else export.parent) / "res"
+    result = CliRunner().invoke(main, ["offline", str(export.parent), "--out", str(out), "--iterations", "2"])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert f"the output folder {str(out)!r} (--out) is inside" in result.output
+    assert "never written to" in result.output and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo", "--out", ""],
+        ["offline", ".", "--out", ""],
+        ["socket", "--temp-dir", " "],
+        ["shm", "", "--create"],
+        ["report", ".", "--out", ""],
+        ["bench", "--json", ""],
+    ],
+)
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "is empty: name a folder or file" in result.output
+    assert list(tmp_path.iterdir()) == []  # nothing written where the user did not point
+
+
+def test_offline_run_names_keep_the_output_folders_name(tmp_path: Path) -> None:
+    from trainer.records.runrecord import find_run_folders
+
+    export = _export(tmp_path)
+    names = []
+    for out in (tmp_path / "runs" / "res1", tmp_path / "runs" / "res2", None, None):
+        args = ["offline", str(export), "--iterations", "2", "--threads", "1"]
+        result = CliRunner().invoke(main, [*args, *(["--out", str(out)] if out else [])])
+        assert result.exit_code == 0, result.output
+        folder = out or max(tmp_path.glob("Offline*"), key=lambda p: p.stat().st_mtime)
+        (record,) = find_run_folders(folder)
+        names.append(record.name)
+    stamp = names[0].split("_Files_")[1]
+    assert names == [
+        f"{prefix}_FlowMatching_Files_{stamp}" for prefix in ("res1", "res2", "Offline0", "Offline1")
+    ]

@@ -23,11 +23,22 @@ from trainer import __version__
 __all__ = [
     "LIVE_ONLY_OPTIONS",
     "MORE_OPTIONS",
+    "NonEmptyPath",
     "main",
     "offline_training_options",
     "training_options",
     "training_overrides",
 ]
+
+
+class NonEmptyPath(click.Path):
+    """:class:`click.Path` that refuses an empty value: ``Path("")`` is the current folder, which the user
+    did not name (``--out ""`` from an unset shell variable would write the outputs there)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail(f"{value!r} is empty: name a folder or file ('.' for the current folder)", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def _more_options() -> str:
@@ -306,7 +317,7 @@ def main() -> None:
 
 
 @main.command("shm", epilog=MORE_OPTIONS)
-@click.argument("task_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("task_dir", type=NonEmptyPath(file_okay=False, path_type=Path))
 @click.option(
     "--guid", "-g", type=str, default=None, help="Controls GUID (generated with --create if omitted)."
 )
@@ -318,7 +329,7 @@ def main() -> None:
 )
 @click.option(
     "--config-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=None,
     help="Where the game writes its config JSONs (-LearningAgentsConfigPath); default TASK_DIR/Configs.",
 )
@@ -401,10 +412,23 @@ def shm_command(
         # Every session in TASK_DIR: each gets its own run record under TASK_DIR/runs.
         _exit(
             serve_sessions(
-                open_link, options=options, task_dir_for=lambda _: task_dir, option_sources=sources
+                open_link,
+                options=options,
+                task_dir_for=lambda _: task_dir,
+                option_sources=sources,
+                task_name=task_dir.resolve().name,
             )
         )
-    _exit(run_with_link(open_link, options=options, task_dir=task_dir, option_sources=sources))
+    # TASK_DIR is the user's folder: its whole name starts the run name (res2 stays res2).
+    _exit(
+        run_with_link(
+            open_link,
+            options=options,
+            task_dir=task_dir,
+            option_sources=sources,
+            task_name=task_dir.resolve().name,
+        )
+    )
 
 
 @main.command(
@@ -416,7 +440,7 @@ def shm_command(
 @click.option("--port", default=48491, show_default=True, type=click.IntRange(1, 65535), help="TCP port.")
 @click.option(
     "--temp-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=Path("la-trainer-runs"),
     show_default=True,
     help="Each run gets a folder External<N> here (status, snapshots, run record); la-trainer.json here "
@@ -536,7 +560,7 @@ def socket_command(
 @click.argument("materials", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=None,
     help="Folder for the trained networks, status and run record (default: a new Offline<N> folder "
     "beside the engine's task folders). The export itself is never written to.",
@@ -588,7 +612,14 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
         click.echo(loaded.settings_line())
         _exit(
             run_with_link(
-                lambda flag: link, options=options, task_dir=out, option_sources=loaded.every_source()
+                lambda flag: link,
+                options=options,
+                task_dir=out,
+                option_sources=loaded.every_source(),
+                # The output folder's whole name starts the run name: --out res2 gives
+                # res2_FlowMatching_Files_..., and each Offline<N> its own, so a run in a new folder needs
+                # no _2 to differ from another.
+                task_name=out.resolve().name,
             )
         )
 

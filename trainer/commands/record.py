@@ -39,7 +39,7 @@ from protocol.engine.export import TRAINING_MATERIALS_DIR, encode_training_mater
 from protocol.errors import ProtocolError
 from protocol.ints import INT32_MAX, INT32_MIN
 from protocol.record import Record, read_records, records_to_replay_buffer
-from trainer.commands.cli import MORE_OPTIONS, offline_training_options, training_overrides
+from trainer.commands.cli import MORE_OPTIONS, NonEmptyPath, offline_training_options, training_overrides
 from trainer.errors import NoSpace
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import check_output_folder, new_task_folder
@@ -200,7 +200,7 @@ def expand_record_paths(arguments: Sequence[str]) -> list[Path]:
 )
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=Path("la-trainer-record"),
     show_default=True,
     help="Folder for the TrainingMaterials export and the trained networks (in a new Offline<N> folder).",
@@ -329,5 +329,6 @@ def record_command(
                 options=loaded.options,
                 task_dir=output,
                 option_sources=loaded.every_source(),
+                task_name=output.name,  # as offline: Offline<N> names its run
             )
         )

@@ -26,6 +26,7 @@ from typing import Any
 
 import click
 
+from trainer.commands.cli import NonEmptyPath
 from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import (
@@ -251,7 +252,7 @@ def _import_pyplot() -> Any:
 @click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmptyPath(dir_okay=False, path_type=Path),
     default=None,
     help="Picture to write: a .png, .svg or .pdf file (default: RUN_FOLDER/loss.png).",
 )

@@ -201,11 +201,12 @@ def run_with_link(
     timeouts: Timeouts | None = None,
     passthrough: tuple[type[BaseException], ...] = (),
     option_sources: Mapping[str, str] | None = None,
+    task_name: str | None = None,
 ) -> int:
     """Opens the link, runs the training story, always closes the link; returns the exit code.
 
-    ``option_sources``: where each option came from, for the run record
-    (:func:`trainer.session.run.run_training`).
+    ``option_sources`` (where each option came from, for the run record) and ``task_name`` (the run name's
+    first part): as :func:`trainer.session.run.run_training` takes them.
 
     ``training(link, flag)`` replaces the default story (:func:`trainer.session.run.run_training` with this
     ``options``/``task_dir``/``timeouts``); :mod:`trainer.distributed` passes one that adds the rank
@@ -238,6 +239,7 @@ def run_with_link(
                 interrupt=flag,
                 timeouts=timeouts,
                 option_sources=option_sources,
+                task_name=task_name,
             )
             return int(result)
     except KeyboardInterrupt as error:
@@ -334,6 +336,7 @@ def serve_sessions(
     say: Callable[[str], None] | None = None,
     config_first: bool = False,
     option_sources: Mapping[str, str] | None = None,
+    task_name: str | None = None,
 ) -> int:
     """Serve one game session after another on one link (``la-trainer socket``, ``la-trainer shm --create
     --serve``): an editor restarted after a crash, or PIE started again, finds the trainer still there.
@@ -377,6 +380,7 @@ def serve_sessions(
                             interrupt=flag,
                             timeouts=timeouts,
                             option_sources=option_sources,
+                            task_name=task_name,
                         )
                     )
                 except (TrainerError, ProtocolError) as error:

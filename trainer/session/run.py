@@ -200,12 +200,16 @@ def run_training(
     prepare_job: Callable[[TrainingJob], TrainingJob] | None = None,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
     option_sources: Mapping[str, str] | None = None,
+    task_name: str | None = None,
 ) -> ExitCode:
     """The whole run. Returns OK, INTERRUPTED, DIVERGED or PEER_GONE (a lost scale-out rank); raises on
     every other failure.
 
     ``option_sources``: where each option came from
-    (:meth:`trainer.settings.options.LoadedOptions.every_source`), kept in the run record.
+    (:meth:`trainer.settings.options.LoadedOptions.every_source`), kept in the run record. ``task_name``:
+    the first part of the run name; None: the engine's TaskName from its task folder ``<TaskName><N>``
+    (:func:`trainer.records.runrecord.task_name_of`). A folder the user named (``offline --out res2``)
+    passes its whole name: its digits are not a task number.
 
     ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
     it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`). ``timeouts``:
@@ -230,6 +234,7 @@ def run_training(
                 prepare_job=prepare_job,
                 timeouts=timeouts,
                 option_sources=option_sources,
+                task_name=task_name,
             )
         except BaseException as error:
             runlog.abort(error)
@@ -283,6 +288,7 @@ def _story(
     prepare_job: Callable[[TrainingJob], TrainingJob] | None,
     timeouts: Timeouts,
     option_sources: Mapping[str, str] | None,
+    task_name: str | None,
 ) -> ExitCode:
     from trainer.session.links import KeepAlive
 
@@ -299,7 +305,18 @@ def _story(
             config, received, replay, options, task_dir, prepare_job, reporter=reporter, runlog=runlog
         )
     run = _start_training(
-        link, reporter, runlog, options, task_dir, config, received, job, device, tuner, option_sources
+        link,
+        reporter,
+        runlog,
+        options,
+        task_dir,
+        config,
+        received,
+        job,
+        device,
+        tuner,
+        option_sources=option_sources,
+        task_name=task_name,
     )
     # 5. Train: step, report, sync, snapshot; stop when asked.
     end, iteration = _train(run, interrupt)
@@ -400,11 +417,13 @@ def _start_training(
     job: TrainingJob,
     device: torch.device,
     tuner: ThreadTuner,
+    *,
     option_sources: Mapping[str, str] | None,
+    task_name: str | None,
 ) -> _Run:
     """Between sections 4 and 5: training begins (status, one log line), and the run's snapshot writer,
-    record and trackers open under the engine's run name (spec §7.2; trainer.records.runrecord), with
-    where each option came from (``option_sources``) when known."""
+    record and trackers open under the engine's run name (spec §7.2; trainer.records.runrecord), or
+    ``task_name``'s, with where each option came from (``option_sources``) when known."""
     total = job.total_iterations
     reporter.start(total, job.start_iteration)
     reporter.phase(RunPhase.TRAINING)  # before the first progress line: a failure now is a training failure
@@ -420,7 +439,9 @@ def _start_training(
     stamp = config.trainer.time_stamp or format_time_stamp(datetime.now())
     runlog.open(
         task_dir=task_dir,
-        name=run_name(task_name_of(task_dir), config.trainer.trainer_method, link.comm_type, stamp),
+        name=run_name(
+            task_name or task_name_of(task_dir), config.trainer.trainer_method, link.comm_type, stamp
+        ),
         options=options,
         config=config.trainer,
         engine_config={
