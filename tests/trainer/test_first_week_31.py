@@ -274,3 +274,66 @@ def test_offline_run_names_keep_the_output_folders_name(tmp_path: Path) -> None:
     assert names == [
         f"{prefix}_FlowMatching_Files_{stamp}" for prefix in ("res1", "res2", "Offline0", "Offline1")
     ]
+
+
+# -- item 5: held-out numbers in the status file and watch, named in words; one measurement in the report --
+
+
+def test_a_heldout_measurement_reaches_the_status_file_and_watch(tmp_path: Path) -> None:
+    import io
+    import time
+
+    from trainer.commands.watch import Health, Verdict, render
+    from trainer.records.progress import ProgressReporter, read_status
+
+    status_path = tmp_path / "la-trainer-status.msgpack"
+    stream = io.StringIO()
+    with ProgressReporter(5000, stream=stream, tty=False, status_path=status_path) as reporter:
+        reporter.heldout(
+            3000, 0.4786, 1.5012, 0.48, note="held-out loss 0.4786 energy score 1.501 coverage 0.48"
+        )
+        reporter.update(3000, 0.5, force=True)
+        status = read_status(status_path)
+    assert (status.heldout_iteration, status.heldout_loss, status.heldout_coverage) == (3000, 0.4786, 0.48)
+    assert stream.getvalue().rstrip().endswith("| held-out loss 0.4786 energy score 1.501 coverage 0.48")
+    line = render(status, "Training0", Health(Verdict.RUNNING, 0), now=time.time())
+    assert "held-out at 3000: loss 0.4786 energy score 1.501 coverage 0.48" in line
+
+
+def test_the_progress_note_spells_out_its_numbers() -> None:
+    from trainer.training.heldout import HeldOutMetrics
+
+    metrics = HeldOutMetrics(1000, 0.4786, 1.5012, 0.2, 0.3, (0.1,), 0.48, 0.9, 0.05)
+    assert metrics.short() == "held-out loss 0.4786 energy score 1.501 coverage 0.48"
+    assert " ES " not in metrics.short() and " cov " not in metrics.short()
+
+
+def test_the_log_explains_the_heldout_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    from emulator.bench.config import TRAIN_CONFIGS
+    from emulator.bench.workload import session_for, synthetic_replay
+    from protocol.snapshot import read_snapshot
+    from trainer.settings.options import TrainerOptions
+    from trainer.training.job import TrainingJob
+
+    replay = synthetic_replay(2000)
+    config, snapshots = session_for(replay, TRAIN_CONFIGS[0])
+    received = {i: read_snapshot(blob) for i, blob in enumerate(snapshots)}
+    options = TrainerOptions(heldout_min_episodes=2, heldout_share=0.5)
+    TrainingJob.create(config, received, replay, options=options, device=__import__("torch").device("cpu"))
+    line = next(x for x in capsys.readouterr().out.splitlines() if "held out" in x)
+    assert "energy score of the sampled actions" in line and "(lower is better)" in line
+    assert "coverage, the share of held-out rows" in line and "(higher is better)" in line
+
+
+def test_one_heldout_measurement_is_written_out_not_drawn_under_the_legend() -> None:
+    pytest.importorskip("matplotlib")
+    plt = report._import_pyplot()
+    fig, ax = plt.subplots()
+    try:
+        series = {"energy_score": [(1000, 1.5)], "coverage": [(1000, 0.48)], "precision": [(1000, 0.9)]}
+        report.draw_heldout_panel(ax, series, total=1000)
+        texts = " ".join(t.get_text() for t in ax.texts)
+        assert "one measurement, at iteration 1000" in texts and "energy score 1.500" in texts
+        assert "coverage 0.480" in texts and ax.get_legend() is None and not ax.lines
+    finally:
+        plt.close(fig)

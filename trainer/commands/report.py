@@ -142,7 +142,11 @@ def draw_heldout_panel(
     ax: Any, series: Mapping[str, Sequence[tuple[int, float]]], *, total: int | None
 ) -> None:
     """Held-out metrics over iterations: the energy score (lower is better) on the left axis, coverage
-    and precision (shares, higher is better) on the right."""
+    and precision (shares, higher is better) on the right. With a single measurement the numbers are
+    written out instead: one marker is no curve, and the legend covered it."""
+    if max((len(part) for part in series.values()), default=0) < 2:
+        _draw_one_measurement(ax, series)
+        return
     score = series.get("energy_score", [])
     if score:
         its, values = zip(*score, strict=True)
@@ -163,6 +167,22 @@ def draw_heldout_panel(
         ax.set_xlim(0, total)
     ax.set_xlabel("iteration")
     ax.grid(True, alpha=0.3)
+    ax.set_title("held-out imitation quality", fontsize=10)
+
+
+def _draw_one_measurement(ax: Any, series: Mapping[str, Sequence[tuple[int, float]]]) -> None:
+    """The held-out panel for a run measured once: its numbers as text."""
+    shown = (
+        ("energy_score", "energy score", "lower is better"),
+        ("coverage", "coverage", "higher is better"),
+        ("precision", "precision", "higher is better"),
+        ("flow_loss", "flow loss", "lower is better"),
+    )
+    rows = [f"{label} {series[key][0][1]:.3f} ({better})" for key, label, better in shown if series.get(key)]
+    iteration = next((part[0][0] for part in series.values() if part), None)
+    head = f"one measurement, at iteration {iteration}" if iteration is not None else "no measurement"
+    ax.text(0.5, 0.5, "\n".join([head, *rows]), ha="center", va="center", transform=ax.transAxes, fontsize=10)
+    ax.set_axis_off()
     ax.set_title("held-out imitation quality", fontsize=10)
 
 

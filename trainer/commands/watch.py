@@ -135,6 +135,11 @@ def render(status: Status, where: str, health: Health, *, now: float | None = No
         parts.append(f"syncs {status.syncs}")
     if status.threads and health.verdict is Verdict.RUNNING:
         parts.append(f"threads {status.threads}")
+    if status.heldout_iteration:
+        parts.append(
+            f"held-out at {status.heldout_iteration}: loss {status.heldout_loss:.4f} energy score "
+            f"{status.heldout_energy_score:.3f} coverage {status.heldout_coverage:.2f}"
+        )
     parts.append(f"pid {status.pid}")
     parts.append(f"updated {format_duration(now - status.updated)} ago")
     line = " | ".join(parts)

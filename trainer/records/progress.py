@@ -135,6 +135,14 @@ class Status:
     """CPU threads the training steps run with (0: not known yet)."""
     threads_note: str = ""
     """Why that count: the last measurement of :mod:`trainer.training.threads` (empty when the count is fixed)."""
+    heldout_iteration: int = 0
+    """Iteration of the last held-out measurement (:mod:`trainer.training.heldout`; 0: none yet)."""
+    heldout_loss: float = math.nan
+    """Its flow loss on the held-out rows (lower is better)."""
+    heldout_energy_score: float = math.nan
+    """Its energy score of sampled against demonstrated actions (lower is better)."""
+    heldout_coverage: float = math.nan
+    """Its coverage: the share of held-out rows whose demonstrated action the policy reaches."""
 
 
 def write_status(path: Path, status: Status) -> None:
@@ -277,6 +285,18 @@ class ProgressReporter:
     def threads(self, threads: int, note: str = "") -> None:
         """The thread count the steps run with, and the measurement that chose it."""
         self._set(threads=threads, threads_note=note)
+
+    def heldout(
+        self, iteration: int, loss: float, energy_score: float, coverage: float, *, note: str = ""
+    ) -> None:
+        """A held-out measurement: into the status file (``watch``) and, as ``note``, the progress line."""
+        self.note = note
+        self._set(
+            heldout_iteration=iteration,
+            heldout_loss=loss,
+            heldout_energy_score=energy_score,
+            heldout_coverage=coverage,
+        )
 
     def run_dir(self, folder: Path) -> None:
         """The run's record folder, shown by ``watch`` and found by ``report``."""

@@ -78,7 +78,9 @@ class HeldOutRound:
             self.best_layers = self.job.export()  # the networks as they would be sent now
         self.last = metrics
         self.runlog.heldout(iteration, metrics.record(), metrics.tracker_values(), best=improved)
-        self.reporter.note = metrics.short()
+        self.reporter.heldout(
+            iteration, metrics.flow_loss, metrics.energy_score, metrics.coverage, note=metrics.short()
+        )
         return metrics
 
     def keep_best(self, encode: Callable[[dict[int, Layer]], dict[int, bytes]]) -> None:

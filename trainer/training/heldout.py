@@ -233,8 +233,12 @@ class HeldOutMetrics:
         return {f"heldout/{key}": float(value) for key, value in values.items()}
 
     def short(self) -> str:
-        """For the progress line: the flow loss, the energy score and the coverage."""
-        return f"held-out loss {self.flow_loss:.4f} ES {self.energy_score:.3f} cov {self.coverage:.2f}"
+        """For the progress line: the flow loss, the energy score and the coverage, named in words (the
+        log line that starts the hold-out says what each means and which way is better)."""
+        return (
+            f"held-out loss {self.flow_loss:.4f} energy score {self.energy_score:.3f} "
+            f"coverage {self.coverage:.2f}"
+        )
 
 
 @dataclass(eq=False)

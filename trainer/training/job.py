@@ -434,7 +434,10 @@ def _heldout(
         f"la-trainer: held out {split.heldout.size} of {split.heldout.size + split.train.size} episodes "
         f"({heldout.rows} rows) to measure imitation quality on, every "
         f"{options.heldout_every_iterations or total} iterations at {heldout.steps} Euler steps "
-        "(option heldout_share; trainer/training/heldout.py)"
+        "(option heldout_share; trainer/training/heldout.py). The progress line then ends in its numbers: "
+        "the held-out flow loss (lower is better), the energy score of the sampled actions against the "
+        "demonstrated ones (lower is better) and the coverage, the share of held-out rows whose demonstrated "
+        "action the policy reaches (higher is better); la-trainer watch shows them too"
     )
     return heldout
 
