@@ -309,17 +309,9 @@ def test_the_progress_note_spells_out_its_numbers() -> None:
 
 
 def test_the_log_explains_the_heldout_numbers(capsys: pytest.CaptureFixture[str]) -> None:
-    from emulator.bench.config import TRAIN_CONFIGS
-    from emulator.bench.workload import session_for, synthetic_replay
-    from protocol.snapshot import read_snapshot
     from trainer.settings.options import TrainerOptions
-    from trainer.training.job import TrainingJob
 
-    replay = synthetic_replay(2000)
-    config, snapshots = session_for(replay, TRAIN_CONFIGS[0])
-    received = {i: read_snapshot(blob) for i, blob in enumerate(snapshots)}
-    options = TrainerOptions(heldout_min_episodes=2, heldout_share=0.5)
-    TrainingJob.create(config, received, replay, options=options, device=__import__("torch").device("cpu"))
+    _bench_job(TrainerOptions(heldout_min_episodes=2, heldout_share=0.5))
     line = next(x for x in capsys.readouterr().out.splitlines() if "held out" in x)
     assert "energy score of the sampled actions" in line and "(lower is better)" in line
     assert "coverage, the share of held-out rows" in line and "(higher is better)" in line
@@ -337,3 +329,39 @@ def test_one_heldout_measurement_is_written_out_not_drawn_under_the_legend() -> 
         assert "coverage 0.480" in texts and ax.get_legend() is None and not ax.lines
     finally:
         plt.close(fig)
+
+
+# -- item 6: distill_fraction is a share of the time (estimated), and says so --------------------------------
+
+
+def _bench_job(options: object, rows: int = 2000) -> object:
+    import torch
+
+    from emulator.bench.config import TRAIN_CONFIGS
+    from emulator.bench.workload import session_for, synthetic_replay
+    from protocol.snapshot import read_snapshot
+    from trainer.training.job import TrainingJob
+
+    replay = synthetic_replay(rows)
+    config, snapshots = session_for(replay, TRAIN_CONFIGS[0])
+    received = {i: read_snapshot(blob) for i, blob in enumerate(snapshots)}
+    return TrainingJob.create(config, received, replay, options=options, device=torch.device("cpu"))  # type: ignore[arg-type]
+
+
+def test_distill_fraction_sizes_the_distillation_by_time_as_documented(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trainer.settings.options import TrainerOptions
+    from trainer.training.steps.distill import DistillSettings
+
+    options = TrainerOptions(ode_steps=2, distill_fraction=0.25, iteration_num=12000, heldout_share=0)
+    job = _bench_job(options)
+    distilled = 12000 - job.distill_start  # type: ignore[attr-defined]
+    assert distilled == 1148  # docs/distillation.md's example: about 10 % of the iterations, not 25 %
+    cost = DistillSettings(2).cost
+    assert distilled * cost / ((12000 - distilled) + distilled * cost) == pytest.approx(0.25, abs=1e-3)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "distilling for 2" in x)
+    assert "1148 of 12000 iterations: distill_fraction 0.25 of the run's time, as estimated" in line
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    row = next(x for x in readme.splitlines() if x.startswith("| `distill_fraction`"))
+    assert "share of the run's *time*" in row and "share of the iterations" not in row

@@ -173,7 +173,10 @@ class TrainerOptions:
     )
     """Euler step count the game uses (ODEStepsNum); > 0 enables few-step distillation for that count."""
     distill_fraction: float = _option(0.25, "a number from 0 up to but not including 1", lambda v: 0 <= v < 1)
-    """Share of IterationNum spent on distillation when ``ode_steps`` > 0."""
+    """Share of the run's time spent on distillation when ``ode_steps`` > 0: the last iterations distil, as
+    many as the cost model (:attr:`trainer.training.steps.distill.DistillSettings.cost`, about 3
+    flow-matching iterations each) fits into this share, so 0.25 distils about 10 % of IterationNum
+    (:func:`trainer.training.steps.distill.distill_iterations`; the log names the iterations)."""
     draws_per_row: int = _option(1, "a whole number from 1 to 64", _between(1, 64), experimental=True)
     """Experimental. (x0, t) draws per batch row, stratified in t and antithetic in x0 (trainer/training/flow.py stratified_draws):
     each iteration trains BatchSize x draws_per_row samples of BatchSize rows (1: one independent draw)."""

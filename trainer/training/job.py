@@ -392,7 +392,9 @@ def _distill_start(options: TrainerOptions, total: int) -> int | None:
     distill_start = total - distill_iterations(total, options.distill_fraction, cost)
     log(
         f"la-trainer: distilling for {options.ode_steps} Euler step(s) from iteration {distill_start} "
-        f"({total - distill_start} of {total} iterations, ~{options.distill_fraction:.0%} of the time)"
+        f"({total - distill_start} of {total} iterations: distill_fraction {options.distill_fraction:g} "
+        f"of the run's time, as estimated for a distillation iteration costing {cost:.1f} flow-matching "
+        "iterations)"
     )
     if total - distill_start < RECOMMENDED_ITERATIONS:
         log(
