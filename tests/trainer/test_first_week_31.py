@@ -365,3 +365,74 @@ def test_distill_fraction_sizes_the_distillation_by_time_as_documented(
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     row = next(x for x in readme.splitlines() if x.startswith("| `distill_fraction`"))
     assert "share of the run's *time*" in row and "share of the iterations" not in row
+
+
+# -- item 8: record's Device from the machine; the network's size and a slow first iteration said ---------
+
+
+@pytest.mark.parametrize(("cuda", "device"), [(False, "CPU"), (True, "GPU")])
+def test_record_writes_the_device_this_machine_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cuda: bool, device: str
+) -> None:
+    import torch
+
+    from tests.support.recordings import make_record, record_files
+    from trainer.commands import record as record_cli
+
+    record_file, schema_file = record_files(tmp_path, [make_record(40, seed=1), make_record(25, seed=2)])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(record_cli, "run_with_link", lambda *a, **k: 0)  # the export is what is checked
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        main, ["record", str(record_file), "--schema", str(schema_file), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    (export,) = (out / "TrainingMaterials").iterdir()
+    assert json.loads((export / "trainer-config.json").read_text())["Device"] == device
+
+
+def test_record_on_a_cpu_machine_trains_without_a_gpu_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from tests.support.recordings import make_record, record_files
+
+    record_file, schema_file = record_files(tmp_path, [make_record(40, seed=1), make_record(25, seed=2)])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ["--out", str(tmp_path / "run"), "--iterations", "3", "--hidden-size", "8", "--threads", "1"]
+    result = CliRunner().invoke(main, ["record", str(record_file), "--schema", str(schema_file), *args])
+    assert result.exit_code == 0, result.output
+    assert "CUDA is not available" not in result.output
+    size = next(x for x in result.output.splitlines() if "la-trainer: training 3 iterations" in x)
+    assert "denoiser 1 hidden layer(s) of 8," in size and " parameters, batch 256" in size
+
+
+def test_a_slow_rate_is_not_shown_as_zero() -> None:
+    from trainer.records.progress import format_rate
+
+    assert [format_rate(r) for r in (1850.2, 42.6, 4.24, 0.1834, 0.0)] == ["1,850", "43", "4.2", "0.183", "0"]
+
+
+def test_a_first_iteration_that_runs_long_says_so(tmp_path: Path) -> None:
+    import io
+    import time
+
+    from trainer.records.progress import ProgressReporter, RunPhase
+
+    stream = io.StringIO()
+    status = tmp_path / "status.msgpack"
+    with ProgressReporter(
+        20000, stream=stream, tty=False, status_path=status, heartbeat_s=0.05, slow_iteration_s=0.2
+    ) as reporter:
+        reporter.start(20000)
+        reporter.phase(RunPhase.TRAINING)
+        deadline = time.monotonic() + 10.0
+        while "first iteration is still running" not in stream.getvalue():
+            assert time.monotonic() < deadline, stream.getvalue()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        reporter.update(1, 0.5, force=True)
+    text = stream.getvalue()
+    assert text.count("first iteration is still running") == 1  # once, and only before it ends
+    assert "its size is in the line above" in text and "iteration 1/20000" in text

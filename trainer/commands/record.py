@@ -139,6 +139,13 @@ class RecordBadData(click.ClickException):
     exit_code = ExitCode.BAD_DATA
 
 
+def _machine_device() -> str:
+    """The config's Device for this machine: ``GPU`` where torch sees CUDA, else ``CPU``."""
+    import torch
+
+    return "GPU" if torch.cuda.is_available() else "CPU"
+
+
 def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object]]:
     try:
         document = parse_json(path.read_bytes(), str(path))
@@ -232,6 +239,9 @@ def record_command(
 ) -> None:
     """Train from .record files and a recorder schema file.
 
+    The generated config trains on what this machine has (Device GPU where CUDA is visible, else CPU;
+    --device overrides it) with the network the options describe, whose size the log names.
+
     \b
     Example:
       la-trainer record Saved/Recordings/*.record --schema Saved/Recordings/schema.json --out runs/rec1
@@ -282,6 +292,9 @@ def record_command(
         embed_normalizations_in_weights=embed,
         # The engine writes its IntermediatePath here; ours is the --out folder that holds the export.
         temp_directory=str(out.resolve()),
+        # The engine's default is GPU; this config is ours, so it says what this machine has (a CPU-only
+        # machine would otherwise warn about a missing GPU on every run). --device still overrides it.
+        device=_machine_device(),
     )
     flow_matching = FlowMatchingSettings(
         action_chunk_size=chunk,

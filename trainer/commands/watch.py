@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TextIO
 
 from trainer.exitcodes import ExitCode
-from trainer.records.progress import STATUS_FILE_NAME, Status, format_duration, read_status
+from trainer.records.progress import STATUS_FILE_NAME, Status, format_duration, format_rate, read_status
 
 __all__ = ["DEFAULT_MAX_AGE_S", "Health", "Verdict", "find_status_files", "judge", "render", "watch"]
 
@@ -129,7 +129,7 @@ def render(status: Status, where: str, health: Health, *, now: float | None = No
     if math.isfinite(status.loss):
         parts.append(f"loss {status.loss:.5f}")
     if health.verdict is Verdict.RUNNING and status.iterations_per_second > 0:
-        parts.append(f"{status.iterations_per_second:,.0f} it/s")
+        parts.append(f"{format_rate(status.iterations_per_second)} it/s")
         parts.append(f"eta {format_duration(status.eta_s)}")
     if status.syncs:
         parts.append(f"syncs {status.syncs}")

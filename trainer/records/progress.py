@@ -43,6 +43,7 @@ __all__ = [
     "RunPhase",
     "Status",
     "format_duration",
+    "format_rate",
     "read_status",
     "write_status",
 ]
@@ -51,6 +52,10 @@ STATUS_FILE_NAME = "la-trainer-status.msgpack"
 
 HEARTBEAT_S = 10.0
 """How often a live trainer rewrites its status file when nothing else does (waits, slow sync rounds)."""
+
+SLOW_ITERATION_S = 60.0
+"""An iteration still running after this long says so in the log (from the heartbeat): a network too large
+for the machine otherwise shows no progress line at all before its first iteration ends."""
 
 
 class RunPhase(str, Enum):
@@ -172,6 +177,16 @@ def read_status(path: Path) -> Status:
     return Status(**known)
 
 
+def format_rate(per_second: float) -> str:
+    """Iterations per second as a progress line shows them: ``1,850``, ``4.2``, ``0.183`` (never ``0`` for
+    a slow but running network)."""
+    if not math.isfinite(per_second) or per_second <= 0:
+        return "0"
+    if per_second >= 10:
+        return f"{per_second:,.0f}"
+    return f"{per_second:.1f}" if per_second >= 1 else f"{per_second:.3f}"
+
+
 def format_duration(seconds: float) -> str:
     """``42s``, ``3m05s``, ``2h07m``; ``?`` for unknown."""
     if not math.isfinite(seconds) or seconds < 0:
@@ -197,6 +212,7 @@ class ProgressReporter:
         label: str = "train",
         heartbeat_s: float = HEARTBEAT_S,
         syncs: bool = True,
+        slow_iteration_s: float = SLOW_ITERATION_S,
     ) -> None:
         self.total = total
         self.every_s = every_s
@@ -225,6 +241,8 @@ class ProgressReporter:
         """The newest (iteration, loss) seen by :meth:`update`, written with the next status (every call
         stores it; only a due line writes the file)."""
         self._warned = False
+        self._slow_after = slow_iteration_s
+        self._slow_noted = False
         self.note = ""
         """A short extra for the progress line (the latest held-out numbers, :mod:`trainer.training.heldout`)."""
         self._closed = threading.Event()
@@ -257,6 +275,24 @@ class ProgressReporter:
     def _beat(self, period: float) -> None:
         while not self._closed.wait(period):
             self._write_status()
+            self._note_slow_iteration()
+
+    def _note_slow_iteration(self) -> None:
+        """One line when the first iteration has run for :data:`SLOW_ITERATION_S` (a network too large for
+        the machine: no progress line would come before it ends). Only the first: later, a silence can
+        also be a sync round waiting for the game, whose wait says so itself."""
+        with self._lock:
+            first = self._status.phase is RunPhase.TRAINING and self._latest is None
+        waited = time.perf_counter() - self.started
+        if not first or waited < self._slow_after or self._slow_noted or self.tty:
+            return
+        self._slow_noted = True
+        log(
+            f"{self.label}: the first iteration is still running after {format_duration(waited)}: this "
+            "network is slow on this machine (its size is in the line above); the progress line follows "
+            "when the iteration ends",
+            self.stream,
+        )
 
     # -- what the story reports ----------------------------------------------------------------------
     def start(self, total: int, first_iteration: int = 0) -> None:
@@ -320,7 +356,7 @@ class ProgressReporter:
             bar = "#" * filled + "-" * (width - filled)
             line = (
                 f"\r{self.label} [{bar}] {iteration}/{self.total} loss {loss:.4f} "
-                f"{self._rate:,.0f} it/s eta {format_duration(remaining)}   "
+                f"{format_rate(self._rate)} it/s eta {format_duration(remaining)}   "
             )
             overwrite(line + "\n" if iteration >= self.total else line, self.stream)
         else:
@@ -328,7 +364,7 @@ class ProgressReporter:
             syncs = f" syncs {self.syncs}" if self.show_syncs else ""
             log(
                 f"{self.label}: iteration {iteration}/{self.total} ({pct:.1f}%) loss {loss:.5f} "
-                f"{self._rate:,.0f} it/s eta {format_duration(remaining)}{syncs}{note}",
+                f"{format_rate(self._rate)} it/s eta {format_duration(remaining)}{syncs}{note}",
                 self.stream,
             )
         self._set(

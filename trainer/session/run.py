@@ -425,12 +425,16 @@ def _start_training(
     record and trackers open under the engine's run name (spec §7.2; trainer.records.runrecord), or
     ``task_name``'s, with where each option came from (``option_sources``) when known."""
     total = job.total_iterations
+    settings = config.model.flow_matching
+    batch = config.trainer.training.batch_size
+    params = sum(p.numel() for p in job.model.denoiser.parameters())
     reporter.start(total, job.start_iteration)
     reporter.phase(RunPhase.TRAINING)  # before the first progress line: a failure now is a training failure
     log(
         f"la-trainer: training {total} iterations on {job.sample_num} samples "
-        f"(observation {job.observation_dim}, action {job.action_dim}, "
-        f"chunk {config.model.flow_matching.action_chunk_size})"
+        f"(observation {job.observation_dim}, action {job.action_dim}, chunk {settings.action_chunk_size}); "
+        f"denoiser {settings.hidden_layer_num} hidden layer(s) of {settings.hidden_layer_size}, "
+        f"{params:,} parameters, batch {batch}"
     )
     sync = SyncRounds(link)
     writer = (
