@@ -159,3 +159,56 @@ def test_a_server_given_a_wait_says_it_does_not_apply(tmp_path: Path, command: s
     source = "command-line option --wait" if command == "socket" else "environment variable LA_TRAINER_WAIT"
     assert f"la-trainer: note: {source} sets wait to 5 s, which does not apply to a server" in output
     assert "waiting up to" not in output and "Traceback" not in output
+
+
+# -- item 10: the image's command as its user, on a folder it cannot write -----------------------------------
+
+IMAGE_UID = 10001
+"""The Dockerfile's USER (tests/integration/test_docker_entrypoint.py reads it from the file)."""
+
+
+def test_the_image_user_refused_a_folder_hears_its_uid_and_the_user_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+    import tempfile
+
+    import trainer.system.container
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("needs root to run the command as the image's user")
+    if not trainer.system.container.in_container():
+        pytest.skip("the Docker advice is given in a container only")
+    assert f"USER {IMAGE_UID}" in (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    fresh = Path(tempfile.mkdtemp(prefix="la-trainer-uid-"))
+    try:
+        os.chmod(fresh, 0o755)
+        runs = fresh / "runs"
+        runs.mkdir(mode=0o755)  # root's, as Docker makes a missing host folder
+
+        def become() -> None:
+            os.setgroups([])
+            os.setgid(IMAGE_UID)
+            os.setuid(IMAGE_UID)
+
+        argv = [sys.executable, "-m", "trainer", "socket", "--once", "--temp-dir", str(runs)]
+        try:
+            done = subprocess.run(
+                argv,
+                cwd=fresh,
+                env={**os.environ, "HOME": str(fresh), "PYTHONDONTWRITEBYTECODE": "1"},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                preexec_fn=become,
+            )
+        except PermissionError:
+            pytest.skip(f"{sys.executable} cannot be run by uid {IMAGE_UID}")
+        output = done.stdout + done.stderr
+        if "No module named" in output:
+            pytest.skip(f"la-trainer cannot be imported as uid {IMAGE_UID}")
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    assert done.returncode == ExitCode.USAGE, output
+    assert f"this process runs as uid {IMAGE_UID}; {str(runs)!r} belongs to uid 0" in output
+    assert 'docker run --user "$(id -u):$(id -g)"' in output and "Traceback" not in output

@@ -48,7 +48,7 @@ def test_report_without_matplotlib_warns_and_exits_0_as_the_demo_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One rule for a missing optional picture (report and demo): the summary, a warning, exit 0."""
-    import trainer.commands.doctor
+    import trainer.system.container
 
     _run_folder(tmp_path)
 
@@ -57,7 +57,7 @@ def test_report_without_matplotlib_warns_and_exits_0_as_the_demo_does(
 
     monkeypatch.setattr(report, "_import_pyplot", missing)
     for container, advice in ((False, "then run the command again"), (True, "on the host")):
-        monkeypatch.setattr(trainer.commands.doctor, "in_container", lambda c=container: c)
+        monkeypatch.setattr(trainer.system.container, "in_container", lambda c=container: c)
         result = CliRunner().invoke(main, ["report", str(tmp_path)])
         assert result.exit_code == ExitCode.OK, result.output
         assert "2 points" in result.output and "warning: no picture drawn" in result.output
@@ -65,11 +65,11 @@ def test_report_without_matplotlib_warns_and_exits_0_as_the_demo_does(
 
 
 def test_the_demo_gives_the_same_advice_without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainer.commands.doctor
+    import trainer.system.container
     from emulator.demo import figure
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    monkeypatch.setattr(trainer.commands.doctor, "in_container", lambda: True)
+    monkeypatch.setattr(trainer.system.container, "in_container", lambda: True)
     with pytest.raises(figure.PlottingUnavailable) as raised:
         figure._import_pyplot("report.png")
     assert str(raised.value) == f"report.png was not drawn: {report.plots_advice()}."
@@ -436,3 +436,31 @@ def test_a_first_iteration_that_runs_long_says_so(tmp_path: Path) -> None:
     text = stream.getvalue()
     assert text.count("first iteration is still running") == 1  # once, and only before it ends
     assert "its size is in the line above" in text and "iteration 1/20000" in text
+
+
+# -- item 10: a folder the Docker image's user cannot write: the uid and the --user fix --------------------
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "getuid"), reason="uids")
+@pytest.mark.parametrize("container", [True, False])
+def test_an_unwritable_output_folder_names_the_uids_and_in_docker_the_user_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, container: bool
+) -> None:
+    import os
+
+    import trainer.system.container
+    from trainer.errors import LaunchError
+    from trainer.records import runrecord
+
+    monkeypatch.setattr(trainer.system.container, "in_container", lambda: container)
+    monkeypatch.setattr(runrecord, "_writable", lambda folder: "this user may not write there")
+    with pytest.raises(LaunchError) as refused:
+        runrecord.check_output_folder(tmp_path / "runs", "--temp-dir")
+    text = str(refused.value)
+    owner = (tmp_path / "runs").stat().st_uid
+    assert (
+        f"(this process runs as uid {os.getuid()}; {str(tmp_path / 'runs')!r} belongs to uid {owner})" in text
+    )
+    docker = 'docker run --user "$(id -u):$(id -g)"'
+    assert (docker in text and "uid 10001" in text) is container
+    assert "--temp-dir" in text

@@ -30,7 +30,7 @@ from trainer import __version__
 from trainer.exitcodes import ExitCode
 from trainer.training.device import CUDA_HINT
 
-__all__ = ["Check", "doctor_command", "engine_python", "in_container", "run_checks"]
+__all__ = ["Check", "doctor_command", "engine_python", "run_checks"]
 
 OK, NOTE, FAIL = "ok", "note", "FAIL"
 
@@ -49,13 +49,6 @@ class Check:
     verdict: str
     detail: str
     fix: str = ""
-
-
-def in_container() -> bool:
-    """This process runs in a container (Docker's ``/.dockerenv``, Podman's ``/run/.containerenv``): advice
-    that means installing a package or changing a folder's owner is then acted on outside it (the image,
-    ``docker run --user``), not with a command typed where the message appears."""
-    return any(os.path.exists(marker) for marker in ("/.dockerenv", "/run/.containerenv"))
 
 
 def _version(module: str, distributions: tuple[str, ...] = ()) -> str | None:

@@ -64,7 +64,7 @@ def plots_advice() -> str:
     """How to get a picture where matplotlib is missing, in words that can be acted on where the command
     ran: in a container (the la-trainer image leaves matplotlib out, and its user cannot install
     packages) the picture is drawn outside it, from the run folder in the mounted volume."""
-    from trainer.commands.doctor import in_container
+    from trainer.system.container import in_container
 
     if in_container():
         return (

@@ -150,13 +150,43 @@ def check_output_folder(path: Path, option: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise refuse(
-            f"it cannot be created ({error.strerror or error})",
-            f"Create it yourself with write permission for this user, {other}.",
+            f"it cannot be created ({error.strerror or error}){_owners(path)}",
+            f"{_container_fix()}Create it yourself with write permission for this user, {other}.",
         ) from None
     why = _writable(path)
     if why:
-        raise refuse(why, f"Give this user write permission there, {other}.")
+        raise refuse(
+            f"{why}{_owners(path)}", f"{_container_fix()}Give this user write permission there, {other}."
+        )
     return path
+
+
+def _owners(path: Path) -> str:
+    """Who this process is and who owns the folder (or its nearest existing parent), where uids exist:
+    the usual cause is a folder made by another user (Docker makes a missing host folder as root)."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:
+        return ""  # Windows: no uids
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    try:
+        owner = existing.stat().st_uid if existing is not None else None
+    except OSError:
+        owner = None
+    where = f"; {str(existing)!r} belongs to uid {owner}" if owner is not None else ""
+    return f" (this process runs as uid {getuid()}{where})"
+
+
+def _container_fix() -> str:
+    """In a container (the Docker image runs as its own user, uid 10001): run it as the host folder's owner,
+    as the README's docker run does."""
+    from trainer.system.container import in_container
+
+    if not in_container():
+        return ""
+    return (
+        'In Docker, run the container as the folder\'s owner: docker run --user "$(id -u):$(id -g)" ... '
+        "(README, 'Socket'; the image's own user is uid 10001), or use a named volume (-v la-trainer-runs:/runs). "
+    )
 
 
 def new_task_folder(parent: Path, task_name: str) -> Path:
