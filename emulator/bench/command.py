@@ -26,7 +26,12 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
 
 
 @click.command("bench")
-@click.option("--sections", default=",".join(SECTIONS), show_default=True, help="What to measure.")
+@click.option(
+    "--sections",
+    default=",".join(SECTIONS),
+    show_default=True,
+    help="What to measure; only these run (sync without ingest uses a small buffer, not --ingest-mb).",
+)
 @click.option(
     "--configs",
     default=",".join(c.name for c in TRAIN_CONFIGS),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from emulator.bench.config import TRAIN_CONFIGS, BenchSettings, TrainConfig
 from emulator.bench.stats import median, ratio
-from emulator.bench.workload import make_job
+from emulator.bench.workload import make_job, quiet
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +46,14 @@ def _our_step(job: TrainingJob) -> Callable[[int], None]:
     """The production step: :meth:`TrainingJob.step` (the fused step where it applies, see
     :mod:`trainer.training.steps.fused`), loss smoothing included."""
 
+    first = [True]
+
     def step(i: int) -> None:
+        if first:
+            first.clear()
+            with quiet():  # the first step picks (and may compile) the step and logs it: not on stdout
+                job.step(i)
+            return
         job.step(i)
 
     return step

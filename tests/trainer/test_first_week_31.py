@@ -464,3 +464,58 @@ def test_an_unwritable_output_folder_names_the_uids_and_in_docker_the_user_fix(
     docker = 'docker run --user "$(id -u):$(id -g)"'
     assert (docker in text and "uid 10001" in text) is container
     assert "--temp-dir" in text
+
+
+# -- item 13: the benchmarks README names files that exist; bench --sections runs what it names -----------
+
+
+def test_the_benchmarks_readme_names_paths_that_exist() -> None:
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    named = set(
+        re.findall(r"`((?:emulator|trainer|protocol|benchmarks|scripts|docs)/[A-Za-z0-9_./-]*)`", text)
+    )
+    assert "emulator/inference.py" in named  # the pattern finds them
+    assert sorted(p for p in named if not (root / p).exists()) == []
+
+
+@pytest.mark.parametrize(("sections", "ingested"), [(("sync",), False), (("ingest", "sync"), True)])
+def test_bench_runs_the_large_ingest_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, sections: tuple[str, ...], ingested: bool
+) -> None:
+    from emulator.bench import run as bench_run
+    from emulator.bench.config import BenchSettings
+
+    seen: list[float] = []
+
+    def measure_ipc(settings: BenchSettings, work: Path) -> tuple[dict[str, dict[str, object]], float]:
+        seen.append(settings.ingest_mb)
+        return {"shm": {"ingest_s": 1.0, "sync_round_ms": 2.0}}, 1.0
+
+    monkeypatch.setattr(bench_run, "measure_ipc", measure_ipc)
+    monkeypatch.setattr(bench_run, "summarise", lambda results: {})  # the fake results hold no numbers
+    progress: list[str] = []
+    results = bench_run.run_bench(
+        BenchSettings(sections=sections, ingest_mb=1024.0), progress=progress.append
+    )
+    assert seen == [1024.0 if ingested else bench_run.SYNC_ONLY_INGEST_MB]
+    assert ("ingest" in results) is ingested and results["sync"] == {"shm": {"sync_round_ms": 2.0}}
+    assert any(line.startswith("ingest 1024 MB" if ingested else "sync over") for line in progress)
+
+
+def test_bench_jobs_hold_nothing_out_and_print_nothing_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from emulator.bench.config import TRAIN_CONFIGS
+    from emulator.bench.training import _our_step
+    from emulator.bench.workload import make_job
+
+    job = make_job(TRAIN_CONFIGS[0], 2000, torch.device("cpu"))
+    step = _our_step(job)
+    step(0)
+    step(1)
+    captured = capsys.readouterr()
+    assert job.heldout is None and "held out" not in captured.out + captured.err
+    assert captured.out == ""  # stdout keeps only the bench's tables
