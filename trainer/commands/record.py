@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -292,9 +293,6 @@ def record_command(
         embed_normalizations_in_weights=embed,
         # The engine writes its IntermediatePath here; ours is the --out folder that holds the export.
         temp_directory=str(out.resolve()),
-        # The engine's default is GPU; this config is ours, so it says what this machine has (a CPU-only
-        # machine would otherwise warn about a missing GPU on every run). --device still overrides it.
-        device=_machine_device(),
     )
     flow_matching = FlowMatchingSettings(
         action_chunk_size=chunk,
@@ -306,7 +304,6 @@ def record_command(
         session, snapshots = build_engine_session(
             obs_schema, act_schema, replay, trainer=trainer, flow_matching=flow_matching
         )
-        files = encode_training_materials(session, dict(enumerate(snapshots)), replay)
     except ProtocolError as error:
         raise RecordBadData(
             f"cannot build the engine's networks and configs for this schema: {error}"
@@ -314,6 +311,14 @@ def record_command(
     check_output_folder(out, "--out")  # after the inputs: a refused input leaves no folder behind
     # One run per output folder: a second record --out into it is refused while this one trains (exit 2).
     with OutputFolderLock(out):
+        # The engine's default Device is GPU; this config is ours, so it says what this machine has (a
+        # CPU-only machine would otherwise warn about a missing GPU on every run; --device still overrides
+        # it). Asked only now: it imports torch, which no refusal above waits for.
+        session = replace(session, trainer=replace(session.trainer, device=_machine_device()))
+        try:
+            files = encode_training_materials(session, dict(enumerate(snapshots)), replay)
+        except ProtocolError as error:
+            raise RecordBadData(f"cannot encode the engine's export for these records: {error}") from None
         folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
         try:
             for relative, data in files.items():
