@@ -11,6 +11,7 @@ import click
 from emulator.bench.config import SECTIONS, TRAIN_CONFIGS, TRAIN_ROWS, TRANSPORTS, BenchSettings
 from emulator.bench.report import format_report
 from emulator.bench.run import run_bench
+from trainer.commands.cli import NonEmptyPath
 from trainer.system.console import use_utf8_output
 
 __all__ = ["bench_command"]
@@ -25,7 +26,12 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
 
 
 @click.command("bench")
-@click.option("--sections", default=",".join(SECTIONS), show_default=True, help="What to measure.")
+@click.option(
+    "--sections",
+    default=",".join(SECTIONS),
+    show_default=True,
+    help="What to measure; only these run (sync without ingest uses a small buffer, not --ingest-mb).",
+)
 @click.option(
     "--configs",
     default=",".join(c.name for c in TRAIN_CONFIGS),
@@ -95,7 +101,7 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
     "json_path",
     default="la-trainer-bench.json",
     show_default=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmptyPath(dir_okay=False, path_type=Path),
     help="Where to write the results.",
 )
 def bench_command(

@@ -8,7 +8,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,11 @@ from emulator.bench.startup import measure_startup
 from emulator.bench.stats import load_average
 from emulator.bench.training import measure_train_section
 
-__all__ = ["run_bench"]
+__all__ = ["SYNC_ONLY_INGEST_MB", "run_bench"]
+
+SYNC_ONLY_INGEST_MB = 0.1
+"""The replay buffer of a run without the ingest section (MiB): sync needs a session, not a large buffer;
+the workload's smallest (one episode) is used."""
 
 
 def run_bench(settings: BenchSettings, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -52,13 +56,22 @@ def run_bench(settings: BenchSettings, progress: Callable[[str], None] = lambda 
         transports: dict[str, dict[str, Any]] = {}
         torch_import_s = math.nan
         if "ingest" in settings.sections or "sync" in settings.sections:
-            progress(f"ingest {settings.ingest_mb:g} MB and sync over {', '.join(settings.transports)} ...")
-            transports, torch_import_s = measure_ipc(settings, work)
+            over = ", ".join(settings.transports)
+            if "ingest" in settings.sections:
+                progress(f"ingest {settings.ingest_mb:g} MB and sync over {over} ...")
+                transports, torch_import_s = measure_ipc(settings, work)
+            else:
+                # Sync alone: the session still needs a replay buffer, the smallest one (not --ingest-mb).
+                progress(f"sync over {over} ...")
+                transports, torch_import_s = measure_ipc(
+                    replace(settings, ingest_mb=SYNC_ONLY_INGEST_MB), work
+                )
             seconds["ipc"], clock = time.monotonic() - clock, time.monotonic()
-        if transports:
+        if transports and "ingest" in settings.sections:
             results["ingest"] = {
                 t: {k: v for k, v in r.items() if not k.startswith("sync")} for t, r in transports.items()
             }
+        if transports and "sync" in settings.sections:
             results["sync"] = {
                 t: {k: v for k, v in r.items() if k.startswith("sync")} for t, r in transports.items()
             }

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from emulator.bench.config import TRAIN_CONFIGS, BenchSettings, TrainConfig
 from emulator.bench.stats import median, ratio
-from emulator.bench.workload import make_job
+from emulator.bench.workload import make_job, quiet
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,14 @@ def _our_step(job: TrainingJob) -> Callable[[int], None]:
     :mod:`trainer.training.steps.graphed`), loss smoothing included, no host read per step; the job's
     numbers are read once per timed run, as the loop reads them every thousand steps or so."""
 
+    first = [True]
+
     def step(i: int) -> None:
+        if first:
+            first.clear()
+            with quiet():  # the first step picks (and may compile) the step and logs it: not on stdout
+                job.advance(i)
+            return
         job.advance(i)
 
     return step

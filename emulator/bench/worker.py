@@ -156,7 +156,7 @@ def _worker_session(transport: str, spec: Mapping[str, Any]) -> None:
         small = link.receive_experience()
         with quiet():
             job = TrainingJob.create(
-                config, received, small, options=TrainerOptions(), device=torch.device("cpu")
+                config, received, small, options=TrainerOptions(heldout_share=0.0), device=torch.device("cpu")
             )
         job.step(0)
         sync = SyncRounds(link)

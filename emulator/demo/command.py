@@ -15,6 +15,7 @@ from emulator.demo.plan import DEFAULT_TIME_LIMIT_S, make_plan
 from emulator.demo.report import results_table_text
 from emulator.demo.run import run_demo
 from emulator.demo.training import ProgressLine
+from trainer.commands.cli import NonEmptyPath
 from trainer.records.runrecord import check_output_folder
 
 __all__ = ["DEFAULT_OUT_DIR", "Console", "demo_command"]
@@ -102,7 +103,7 @@ class Console:
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=DEFAULT_OUT_DIR,
     show_default=True,
     help="Folder for report.md, report.png and metrics.json.",

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from emulator.tasks import Demonstrations
 from emulator.tasks.avoid import ACT_DIM, GAPS, GOAL_Y, MAX_SPEED, MODE_NAMES, OBSTACLES, Rollouts, rollout
-from trainer.commands.report import PLOTS_INSTALL_HINT, draw_loss_panel
+from trainer.commands.report import PLOTS_INSTALL_HINT, draw_loss_panel, plots_advice
 
 __all__ = ["PLOTS_INSTALL_HINT", "FigureSource", "PlottingUnavailable", "Trajectories", "render_figure"]
 
@@ -139,10 +139,7 @@ def _import_pyplot(file_name: str) -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise PlottingUnavailable(
-            f"matplotlib is not installed, so {file_name} was not drawn. Install it with "
-            f"`{PLOTS_INSTALL_HINT}` and run the demo again."
-        ) from None
+        raise PlottingUnavailable(f"{file_name} was not drawn: {plots_advice()}.") from None
     # Agg: no display needed, and the demo never opens a window. Only switch when pyplot was not already
     # set up by the caller (a notebook keeps its own backend).
     if "matplotlib.pyplot" not in sys.modules:

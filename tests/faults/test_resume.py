@@ -108,7 +108,7 @@ def test_la_trainer_offline_resume_flag(tmp_path: Path) -> None:
     config, blobs = build_session_config(small_task(), TINY, str(tmp_path))
     folder = FileExport(tmp_path).write(config, dict(enumerate(blobs)), small_task().replay_buffer)
     runner = CliRunner()
-    common = ["offline", str(folder), "--threads", "1", "--sync-every-iterations", "10"]
+    common = ["offline", str(folder), "--threads", "1"]
     first = runner.invoke(main, [*common, "--iterations", "20"])
     assert first.exit_code == 0, first.output
     second = runner.invoke(main, [*common, "--iterations", "35", "--resume"])

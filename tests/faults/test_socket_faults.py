@@ -352,8 +352,8 @@ def test_a_peer_that_stops_mid_message_is_waited_for_until_it_closes() -> None:
             client.sendall(MESSAGES["SendConfig"] + MESSAGES["SendNetwork 0"][:10])
             link.receive_config()
             closer = threading.Timer(1.5, client.close)
+            started = time.monotonic()  # before the timer starts: its 1.5 s cannot begin earlier
             closer.start()
-            started = time.monotonic()
             try:
                 with pytest.raises(PeerGone, match="network 0"):
                     link.receive_network(0)

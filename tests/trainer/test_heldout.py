@@ -3,6 +3,7 @@ distances, seeded reproducibility, and that nothing changes when nothing is held
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping
 from dataclasses import replace
@@ -16,6 +17,7 @@ import torch
 from emulator.session import EngineTask, SessionSettings, build_session_config
 from protocol.replay import ReplayBuffer
 from protocol.snapshot import read_snapshot
+from trainer.records.progress import ProgressReporter
 from trainer.records.runrecord import RunLog, RunRecord, read_metrics
 from trainer.records.trackers import Trackers
 from trainer.session.heldout import HeldOutRound
@@ -251,12 +253,12 @@ def test_the_best_networks_go_out_only_when_asked(send_best: bool, monkeypatch: 
         heldout_actions=lambda value: None,
         best_networks=lambda blobs: kept.append(blobs) or [Path("Networks/best/network_0.bin")],
     )
-    reporter = SimpleNamespace(note="")
+    reporter = ProgressReporter(0, stream=io.StringIO(), tty=False)  # no status file: no heartbeat
     round_ = HeldOutRound(job, runlog, reporter)  # type: ignore[arg-type]
     for iteration in (10, 20, 30):
         round_.measure(iteration)
     assert written == [(10, True), (20, True), (30, False)]
-    assert reporter.note == "held-out selection -0.400 loss 0.4000 ES 1.000 cov 0.50"
+    assert reporter.note == "held-out selection -0.400 loss 0.4000 energy score 1.000 coverage 0.50"
     last = {0: "last"}
     expected = {0: "best"} if send_best else last
     assert round_.final_networks(last) == expected  # type: ignore[arg-type]
@@ -272,7 +274,7 @@ def test_the_last_measurement_being_the_best_sends_the_last_networks(monkeypatch
     monkeypatch.setattr(job.heldout, "evaluate", lambda model, it: _metrics(it, next(scores)))
     monkeypatch.setattr(job, "export", lambda: {0: "snapshot"})
     runlog = SimpleNamespace(heldout=lambda *a, **k: None, heldout_actions=lambda value: None)
-    round_ = HeldOutRound(job, runlog, SimpleNamespace(note=""))  # type: ignore[arg-type]
+    round_ = HeldOutRound(job, runlog, ProgressReporter(0, stream=io.StringIO(), tty=False))  # type: ignore[arg-type]
     round_.measure(10)
     round_.measure(10)  # once per iteration: no second measurement
     round_.measure(20)
@@ -290,7 +292,7 @@ def test_distillation_networks_compete_only_among_themselves(monkeypatch: pytest
     exports = iter([{0: "flow matching"}, {0: "first distilled"}])
     monkeypatch.setattr(job, "export", lambda: next(exports))
     runlog = SimpleNamespace(heldout=lambda *a, **k: None, heldout_actions=lambda value: None)
-    round_ = HeldOutRound(job, runlog, SimpleNamespace(note=""))  # type: ignore[arg-type]
+    round_ = HeldOutRound(job, runlog, ProgressReporter(0, stream=io.StringIO(), tty=False))  # type: ignore[arg-type]
     job.phase = Phase.FLOW_MATCHING
     round_.measure(10)
     job.phase = Phase.DISTILLATION

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,7 +20,25 @@ import click
 
 from trainer import __version__
 
-__all__ = ["MORE_OPTIONS", "main", "training_options", "training_overrides"]
+__all__ = [
+    "LIVE_ONLY_OPTIONS",
+    "MORE_OPTIONS",
+    "NonEmptyPath",
+    "main",
+    "offline_training_options",
+    "training_options",
+    "training_overrides",
+]
+
+
+class NonEmptyPath(click.Path):
+    """:class:`click.Path` that refuses an empty value: ``Path("")`` is the current folder, which the user
+    did not name (``--out ""`` from an unset shell variable would write the outputs there)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail(f"{value!r} is empty: name a folder or file ('.' for the current folder)", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def _more_options() -> str:
@@ -36,10 +55,20 @@ MORE_OPTIONS = _more_options()
 """The epilog of every training command's ``--help``: where the other options are, and which are
 experimental."""
 
+LIVE_ONLY_OPTIONS = ("sync_every_iterations", "sync_every_seconds", "wait")
+"""Options that mean something only with a game on the other end (networks sent back to it, the wait for
+it): ``offline`` and ``record`` do not list them (:func:`offline_training_options`)."""
 
-def training_options(func: Any) -> Any:
+
+def offline_training_options(func: Any) -> Any:
+    """:func:`training_options` without :data:`LIVE_ONLY_OPTIONS`, for the commands that train from files."""
+    return training_options(func, live=False)
+
+
+def training_options(func: Any, *, live: bool = True) -> Any:
     """Options shared by every training subcommand. Each is also ``LA_TRAINER_<NAME>`` and a key of
-    ``la-trainer.json`` (README, "Trainer options"); values are checked by :mod:`trainer.settings.options`."""
+    ``la-trainer.json`` (README, "Trainer options"); values are checked by :mod:`trainer.settings.options`.
+    ``live`` False: without :data:`LIVE_ONLY_OPTIONS`."""
     decorators = [
         click.option(
             "--iterations",
@@ -94,7 +123,7 @@ def training_options(func: Any) -> Any:
             default=None,
             help="Bound of a wait that cannot see the game (attach mode before the game came or where its process "
             "cannot be seen; socket --once before the game connected); "
-            "0: no bound. Default 600.",
+            "0: no bound. Default 600. A server (socket, shm --serve) waits for each game without a bound.",
         ),
         click.option(
             "--tensorboard/--no-tensorboard",
@@ -109,8 +138,23 @@ def training_options(func: Any) -> Any:
             help="Log to MLflow at this tracking URI ('default': MLflow's own); also UseMLflow in Unreal.",
         ),
     ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
+    names = (
+        "iteration_num",
+        "device",
+        "sync_every_iterations",
+        "sync_every_seconds",
+        "ode_steps",
+        "time_distribution",
+        "threads",
+        "compile",
+        "resume",
+        "wait",
+        "tensorboard",
+        "mlflow",
+    )
+    for name, decorator in reversed(list(zip(names, decorators, strict=True))):
+        if live or name not in LIVE_ONLY_OPTIONS:
+            func = decorator(func)
     return func
 
 
@@ -147,6 +191,22 @@ def _check_device_before_listening(device: str) -> None:
         from trainer.training.device import check_device_option
 
         check_device_option(device)
+
+
+def _wait_note(sources: Mapping[str, str], wait: float) -> str:
+    """The line that says a ``wait`` someone set does not apply to a server (empty when nobody set it).
+
+    A server's job is to be there whenever a game comes (an editor restarted, PIE started again, the
+    Docker image's health check), so it waits for each game without a bound and ends on SIGINT/SIGTERM;
+    a bounded wait for one game is ``--once``, where the option applies."""
+    source = sources.get("wait")
+    if source is None:
+        return ""
+    return (
+        f"la-trainer: note: {source} sets wait to {wait:g} s, which does not apply to a server: it waits for "
+        "each game without a bound until SIGINT/SIGTERM. With --once (one session) the wait for the game is "
+        "bounded by it."
+    )
 
 
 class _LazyGroup(click.Group):
@@ -221,7 +281,8 @@ class _LazyGroup(click.Group):
             else:
                 command = super().get_command(ctx, name)
                 if command is not None and not command.hidden:
-                    rows.append((name, command.get_short_help_str(limit=formatter.width - 6 - len(name))))
+                    # No limit that cuts a sentence ("..."): write_dl wraps a long one.
+                    rows.append((name, command.get_short_help_str(limit=500)))
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
@@ -256,7 +317,7 @@ def main() -> None:
 
 
 @main.command("shm", epilog=MORE_OPTIONS)
-@click.argument("task_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("task_dir", type=NonEmptyPath(file_okay=False, path_type=Path))
 @click.option(
     "--guid", "-g", type=str, default=None, help="Controls GUID (generated with --create if omitted)."
 )
@@ -268,7 +329,7 @@ def main() -> None:
 )
 @click.option(
     "--config-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=None,
     help="Where the game writes its config JSONs (-LearningAgentsConfigPath); default TASK_DIR/Configs.",
 )
@@ -294,7 +355,7 @@ def shm_command(
     from protocol.guid import parse_guid
     from trainer.records.runrecord import check_output_folder
     from trainer.session.app import open_link_for_launch, run_with_link, serve_sessions
-    from trainer.settings.options import load_options
+    from trainer.settings.options import load_options_traced
     from trainer.settings.timeouts import Timeouts
 
     if serve and not create:
@@ -302,11 +363,12 @@ def shm_command(
             "--serve needs --create: only a control block this trainer created outlives one game session."
         )
 
-    options = load_options(
+    loaded = load_options_traced(
         task_dir if task_dir.is_dir() else None,
         training_overrides(kwargs),
         shared_dir=task_dir.resolve().parent,  # the project-wide file (trainer.settings.options.load_options)
     )
+    options = loaded.options
     timeouts = Timeouts.from_env(options.wait)
     _check_device_before_listening(options.device)
     if guid is None:
@@ -320,12 +382,6 @@ def shm_command(
             raise click.BadParameter(str(error), param_hint="--guid") from None
     check_output_folder(task_dir, "TASK_DIR")
     config_dir = check_output_folder((config_dir or task_dir / "Configs").resolve(), "--config-dir")
-    if create:
-        click.echo("Start the game with these command-line switches:")
-        click.echo(
-            f"  -LearningAgentsUseExternalTrainingProcess -LearningAgentsControlsGuid={guid} "
-            f'-LearningAgentsConfigPath="{config_dir}"'
-        )
     args = LaunchArgs(
         task_name="External",
         trainer_path=None,
@@ -336,30 +392,55 @@ def shm_command(
             task_dir=str(task_dir), controls_guid=guid, create_mem=create, make_task_dir=True, num_processes=1
         ),
     )
+
+    def open_link(flag: Any) -> Any:
+        link = open_link_for_launch(args, timeouts, config_dir, flag, serve=serve)
+        if create:
+            # Only once the block is ours: a refusal (a second trainer on this GUID) comes without them.
+            click.echo("Start the game with these command-line switches:")
+            click.echo(
+                f"  -LearningAgentsUseExternalTrainingProcess -LearningAgentsControlsGuid={guid} "
+                f'-LearningAgentsConfigPath="{config_dir}"'
+            )
+        return link
+
+    click.echo(loaded.settings_line())
+    sources = loaded.every_source()
+    if serve and _wait_note(loaded.sources, options.wait):
+        click.echo(_wait_note(loaded.sources, options.wait))
     if serve:
         # Every session in TASK_DIR: each gets its own run record under TASK_DIR/runs.
         _exit(
             serve_sessions(
-                lambda flag: open_link_for_launch(args, timeouts, config_dir, flag, serve=True),
+                open_link,
                 options=options,
                 task_dir_for=lambda _: task_dir,
+                option_sources=sources,
+                task_name=task_dir.resolve().name,
             )
         )
+    # TASK_DIR is the user's folder: its whole name starts the run name (res2 stays res2).
     _exit(
         run_with_link(
-            lambda flag: open_link_for_launch(args, timeouts, config_dir, flag),
+            open_link,
             options=options,
             task_dir=task_dir,
+            option_sources=sources,
+            task_name=task_dir.resolve().name,
         )
     )
 
 
-@main.command("socket", epilog=MORE_OPTIONS)
+@main.command(
+    "socket",
+    short_help="Train over TCP: a server the game connects to, session after session.",
+    epilog=MORE_OPTIONS,
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=48491, show_default=True, type=click.IntRange(1, 65535), help="TCP port.")
 @click.option(
     "--temp-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=Path("la-trainer-runs"),
     show_default=True,
     help="Each run gets a folder External<N> here (status, snapshots, run record); la-trainer.json here "
@@ -393,16 +474,27 @@ def socket_command(
       la-trainer socket --host 0.0.0.0 --port 48491
     """
     from protocol.argv import LaunchArgs, SocketArgs
+    from protocol.errors import ArgvError
     from trainer.errors import LaunchError
     from trainer.records.runrecord import check_output_folder, new_task_folder
     from trainer.session.app import open_link_for_launch, run_with_link, serve_sessions
-    from trainer.settings.options import load_options
+    from trainer.settings.options import load_options_traced
     from trainer.settings.timeouts import Timeouts
 
+    try:
+        mode = SocketArgs(host=host, port=port, temp_directory=str(temp_dir), num_processes=1)
+    except ArgvError:
+        # The engine's grammar refuses it (spaces, brackets, a leading '-'): say it in this command's terms.
+        raise click.BadParameter(
+            f"{host!r} is not a host name or address (no spaces, brackets, '/' or leading '-'); use an "
+            "address of this machine: 0.0.0.0 for all of them, 127.0.0.1 for this machine only.",
+            param_hint="--host",
+        ) from None
     overrides = training_overrides(kwargs)
     if config_wait is not None:
         overrides["config_wait"] = config_wait
-    options = load_options(None, overrides, shared_dir=temp_dir if temp_dir.is_dir() else None)
+    loaded = load_options_traced(None, overrides, shared_dir=temp_dir if temp_dir.is_dir() else None)
+    options = loaded.options
     timeouts = Timeouts.from_env(options.wait, config_wait=options.config_wait)
     _check_device_before_listening(options.device)
     runs = check_output_folder(temp_dir, "--temp-dir")
@@ -414,20 +506,31 @@ def socket_command(
     else:
         task_dir = new_task_folder(runs, "External")
         click.echo(f"Run folder: {task_dir}")
-    click.echo("Start the game with these command-line switches:")
-    shown_host = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
-    click.echo(
-        f"  -LearningAgentsUseExternalTrainingProcess -LearningAgentsIpAddress={shown_host} "
-        f"-LearningAgentsPort={port}"
-    )
+    if loaded.settings_line():
+        click.echo(loaded.settings_line())
+    sources = loaded.every_source()
+    if serve and _wait_note(loaded.sources, options.wait):
+        click.echo(_wait_note(loaded.sources, options.wait))
     args = LaunchArgs(
         task_name="External",
         trainer_path=None,
         trainer_module=None,
         log=True,
         nne_cpu_path=None,
-        mode=SocketArgs(host=host, port=port, temp_directory=str(temp_dir), num_processes=1),
+        mode=mode,
     )
+
+    def open_link(flag: Any) -> Any:
+        link = open_link_for_launch(args, timeouts, None, flag, serve=serve)
+        # Only once the port is ours: a refusal (port in use, a wrong address) comes without them.
+        click.echo("Start the game with these command-line switches:")
+        shown_host = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
+        click.echo(
+            f"  -LearningAgentsUseExternalTrainingProcess -LearningAgentsIpAddress={shown_host} "
+            f"-LearningAgentsPort={port}"
+        )
+        return link
+
     if serve:
 
         def session_folder(session: int) -> Path:
@@ -443,29 +546,26 @@ def socket_command(
 
         _exit(
             serve_sessions(
-                lambda flag: open_link_for_launch(args, timeouts, None, flag, serve=True),
+                open_link,
                 options=options,
                 task_dir_for=session_folder,
                 config_first=True,
+                option_sources=sources,
             )
         )
-    _exit(
-        run_with_link(
-            lambda flag: open_link_for_launch(args, timeouts, None, flag), options=options, task_dir=task_dir
-        )
-    )
+    _exit(run_with_link(open_link, options=options, task_dir=task_dir, option_sources=sources))
 
 
 @main.command("offline", epilog=MORE_OPTIONS)
 @click.argument("materials", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=None,
     help="Folder for the trained networks, status and run record (default: a new Offline<N> folder "
     "beside the engine's task folders). The export itself is never written to.",
 )
-@training_options
+@offline_training_options
 def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     """Train from the engine's exported TrainingMaterials folder.
 
@@ -480,7 +580,7 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     from trainer.session.app import run_with_link
     from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
     from trainer.session.transport.files import find_training_materials
-    from trainer.settings.options import SETTINGS_FILE_NAME, load_options
+    from trainer.settings.options import SETTINGS_FILE_NAME, load_options, load_options_traced
     from trainer.system.lockfile import OutputFolderLock
 
     overrides = training_overrides(kwargs)
@@ -489,12 +589,13 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     load_options(None, overrides)
     folder = find_training_materials(materials)
     project = default_output_parent(folder)
-    options = load_options(
+    loaded = load_options_traced(
         out if out is not None and out.is_dir() else None,
         overrides,
         warn=lambda _: None,  # warned once already
         shared_dir=project,
     )
+    options = loaded.options
     if (folder / SETTINGS_FILE_NAME).exists():
         click.echo(
             f"la-trainer: warning: {folder / SETTINGS_FILE_NAME} is not read (an export is the engine's input); "
@@ -508,10 +609,22 @@ def offline_command(materials: Path, out: Path | None, **kwargs: Any) -> None:
     # One run per output folder: a second run into it is refused while this one trains (exit 2).
     with OutputFolderLock(out):
         click.echo(f"la-trainer: training from {folder}; outputs in {out}")
-        _exit(run_with_link(lambda flag: link, options=options, task_dir=out))
+        click.echo(loaded.settings_line())
+        _exit(
+            run_with_link(
+                lambda flag: link,
+                options=options,
+                task_dir=out,
+                option_sources=loaded.every_source(),
+                # The output folder's whole name starts the run name: --out res2 gives
+                # res2_FlowMatching_Files_..., and each Offline<N> its own, so a run in a new folder needs
+                # no _2 to differ from another.
+                task_name=out.resolve().name,
+            )
+        )
 
 
-@main.command("watch")
+@main.command("watch", short_help="Follow the newest run below a folder (--once: a health check).")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--interval",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,13 @@ from protocol.engine.export import TRAINING_MATERIALS_DIR, encode_training_mater
 from protocol.errors import ProtocolError
 from protocol.ints import INT32_MAX, INT32_MIN
 from protocol.record import Record, read_records, records_to_replay_buffer
-from trainer.commands.cli import MORE_OPTIONS, training_options, training_overrides
+from trainer.commands.cli import MORE_OPTIONS, NonEmptyPath, offline_training_options, training_overrides
 from trainer.errors import NoSpace
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import check_output_folder, new_task_folder
 from trainer.session.app import run_with_link
 from trainer.session.links.files import OFFLINE_TASK_NAME, FileTrainerLink, default_output_parent
-from trainer.settings.options import check_command_value, load_options
+from trainer.settings.options import check_command_value, load_options, load_options_traced
 from trainer.system.atomic import atomic_write
 from trainer.system.console import warn
 from trainer.system.diskspace import is_no_space, no_space_paragraph
@@ -139,6 +140,13 @@ class RecordBadData(click.ClickException):
     exit_code = ExitCode.BAD_DATA
 
 
+def _machine_device() -> str:
+    """The config's Device for this machine: ``GPU`` where torch sees CUDA, else ``CPU``."""
+    import torch
+
+    return "GPU" if torch.cuda.is_available() else "CPU"
+
+
 def _load_schemas(path: Path) -> tuple[Mapping[str, object], Mapping[str, object]]:
     try:
         document = parse_json(path.read_bytes(), str(path))
@@ -200,7 +208,7 @@ def expand_record_paths(arguments: Sequence[str]) -> list[Path]:
 )
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=Path("la-trainer-record"),
     show_default=True,
     help="Folder for the TrainingMaterials export and the trained networks (in a new Offline<N> folder).",
@@ -215,7 +223,7 @@ def expand_record_paths(arguments: Sequence[str]) -> list[Path]:
 @click.option("--activation", type=click.Choice(ACTIVATION_FUNCTIONS), default="ELU", show_default=True)
 @click.option("--chunk", type=int, default=1, show_default=True, help="ActionChunkSize.")
 @click.option("--embed/--no-embed", default=True, show_default=True, help="EmbedNormalizationsInWeights.")
-@training_options
+@offline_training_options
 def record_command(
     records: tuple[str, ...],
     schema_path: Path,
@@ -231,6 +239,9 @@ def record_command(
     **kwargs: Any,
 ) -> None:
     """Train from .record files and a recorder schema file.
+
+    The generated config trains on what this machine has (Device GPU where CUDA is visible, else CPU;
+    --device overrides it) with the network the options describe, whose size the log names.
 
     \b
     Example:
@@ -293,7 +304,6 @@ def record_command(
         session, snapshots = build_engine_session(
             obs_schema, act_schema, replay, trainer=trainer, flow_matching=flow_matching
         )
-        files = encode_training_materials(session, dict(enumerate(snapshots)), replay)
     except ProtocolError as error:
         raise RecordBadData(
             f"cannot build the engine's networks and configs for this schema: {error}"
@@ -301,6 +311,14 @@ def record_command(
     check_output_folder(out, "--out")  # after the inputs: a refused input leaves no folder behind
     # One run per output folder: a second record --out into it is refused while this one trains (exit 2).
     with OutputFolderLock(out):
+        # The engine's default Device is GPU; this config is ours, so it says what this machine has (a
+        # CPU-only machine would otherwise warn about a missing GPU on every run; --device still overrides
+        # it). Asked only now: it imports torch, which no refusal above waits for.
+        session = replace(session, trainer=replace(session.trainer, device=_machine_device()))
+        try:
+            files = encode_training_materials(session, dict(enumerate(snapshots)), replay)
+        except ProtocolError as error:
+            raise RecordBadData(f"cannot encode the engine's export for these records: {error}") from None
         folder = out / TRAINING_MATERIALS_DIR / export_folder_name(now)
         try:
             for relative, data in files.items():
@@ -317,9 +335,18 @@ def record_command(
             f"la-trainer: {len(all_records)} records, {replay.step_num} steps; export written to {folder}"
         )
         # The settings files as in every mode (trainer.settings.options.load_options): --out is the
-        # project folder.
-        options = load_options(None, overrides, warn=lambda _: None, shared_dir=out)  # warned once already
+        # project folder. Warned once already.
+        loaded = load_options_traced(None, overrides, warn=lambda _: None, shared_dir=out)
         output = new_task_folder(default_output_parent(folder), OFFLINE_TASK_NAME)
         link = FileTrainerLink(folder, output_dir=output)
         click.echo(f"la-trainer: training; outputs in {output}")
-        sys.exit(run_with_link(lambda flag: link, options=options, task_dir=output))
+        click.echo(loaded.settings_line())
+        sys.exit(
+            run_with_link(
+                lambda flag: link,
+                options=loaded.options,
+                task_dir=output,
+                option_sources=loaded.every_source(),
+                task_name=output.name,  # as offline: Offline<N> names its run
+            )
+        )

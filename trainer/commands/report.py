@@ -10,7 +10,8 @@ Any run leaves ``metrics.jsonl`` in its record folder (:mod:`trainer.records.run
 engine-spawned, attach, socket, offline and ``record`` runs alike, finished or not. ``RUN`` is a run
 folder, a task folder, the engine's ``LearningCore`` folder or the project's ``Intermediate`` folder (the
 newest run below it). The picture needs matplotlib (the ``plots`` extra); without it the text summary is
-printed and the command says how to get the picture.
+printed and a warning says how to get the picture where the command ran (:func:`plots_advice`), exit 0:
+the same rule as the demo's report (a missing optional picture is a warning, never a failure).
 
 :func:`draw_loss_panel` is the one loss panel: the demo's report (``emulator/demo/figure.py``) draws its
 third panel with it too.
@@ -27,6 +28,8 @@ from typing import Any
 
 import click
 
+from trainer.commands.cli import NonEmptyPath
+from trainer.errors import LaunchError
 from trainer.exitcodes import ExitCode
 from trainer.records.runrecord import (
     HELDOUT_ACTIONS_FILE,
@@ -38,6 +41,7 @@ from trainer.records.runrecord import (
 )
 
 __all__ = [
+    "FIGURE_SUFFIXES",
     "PHASE_STYLE",
     "PLOTS_INSTALL_HINT",
     "draw_actions_panel",
@@ -45,12 +49,34 @@ __all__ = [
     "draw_loss_panel",
     "heldout_series",
     "loss_series",
+    "plots_advice",
     "recipe_looks",
     "report_command",
     "summarize",
 ]
 
 PLOTS_INSTALL_HINT = "pip install 'la-trainer[plots]'"
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+"""What ``report --out`` may end in: the formats matplotlib writes with no package beyond the ``plots``
+extra. Checked before anything is read, so a wrong name is refused at once (exit 2), not by matplotlib
+after the summary."""
+
+
+def plots_advice() -> str:
+    """How to get a picture where matplotlib is missing, in words that can be acted on where the command
+    ran: in a container (the la-trainer image leaves matplotlib out, and its user cannot install
+    packages) the picture is drawn outside it, from the run folder in the mounted volume."""
+    from trainer.system.container import in_container
+
+    if in_container():
+        return (
+            "matplotlib is not installed in this container (the la-trainer image leaves it out); draw the "
+            f"picture outside it: {PLOTS_INSTALL_HINT} on the host, then la-trainer report on the run folder "
+            "in the mounted volume"
+        )
+    return f"matplotlib is not installed: {PLOTS_INSTALL_HINT}, then run the command again"
+
 
 PHASE_STYLE: dict[str, tuple[str, str]] = {
     "flow_matching": ("flow matching", "#1f77b4"),
@@ -129,7 +155,12 @@ def draw_heldout_panel(
 ) -> None:
     """Held-out metrics over iterations: the selection score (higher is better; what picks the recipe and
     the best networks) on the left axis, coverage and precision (shares) on the right; a dotted line at
-    each of the recipe pilot's ``looks`` (:func:`recipe_looks`), named after the recipe it left leading."""
+    each of the recipe pilot's ``looks`` (:func:`recipe_looks`), named after the recipe it left leading.
+    With a single measurement the numbers are written out instead: one marker is no curve, and the legend
+    covered it."""
+    if max((len(part) for part in series.values()), default=0) < 2:
+        _draw_one_measurement(ax, series)
+        return
     score = series.get("selection", [])
     if score:
         its, values = zip(*score, strict=True)
@@ -164,6 +195,23 @@ def draw_heldout_panel(
         ax.set_xlim(0, total)
     ax.set_xlabel("iteration")
     ax.grid(True, alpha=0.3)
+    ax.set_title("held-out imitation quality", fontsize=10)
+
+
+def _draw_one_measurement(ax: Any, series: Mapping[str, Sequence[tuple[int, float]]]) -> None:
+    """The held-out panel for a run measured once: its numbers as text."""
+    shown = (
+        ("selection", "selection score", "higher is better"),
+        ("energy_score", "energy score", "lower is better"),
+        ("coverage", "coverage", "higher is better"),
+        ("precision", "precision", "higher is better"),
+        ("flow_loss", "flow loss", "lower is better"),
+    )
+    rows = [f"{label} {series[key][0][1]:.3f} ({better})" for key, label, better in shown if series.get(key)]
+    iteration = next((part[0][0] for part in series.values() if part), None)
+    head = f"one measurement, at iteration {iteration}" if iteration is not None else "no measurement"
+    ax.text(0.5, 0.5, "\n".join([head, *rows]), ha="center", va="center", transform=ax.transAxes, fontsize=10)
+    ax.set_axis_off()
     ax.set_title("held-out imitation quality", fontsize=10)
 
 
@@ -275,9 +323,9 @@ def _import_pyplot() -> Any:
 @click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmptyPath(dir_okay=False, path_type=Path),
     default=None,
-    help="PNG to write (default: RUN_FOLDER/loss.png).",
+    help="Picture to write: a .png, .svg or .pdf file (default: RUN_FOLDER/loss.png).",
 )
 def report_command(run: Path, out: Path | None) -> None:
     """Draw a run's training loss from its metrics log.
@@ -290,6 +338,12 @@ def report_command(run: Path, out: Path | None) -> None:
       la-trainer report MyProject/Intermediate/LearningCore
       la-trainer report la-trainer-runs/External0 --out loss.png
     """
+    if out is not None and out.suffix.lower() not in FIGURE_SUFFIXES:
+        raise LaunchError(
+            f"--out {str(out)!r} ends in {repr(out.suffix) if out.suffix else 'no suffix'}, but the picture is "
+            f"written only as {', '.join(FIGURE_SUFFIXES)}: give --out a file name ending in one of these "
+            "(such as loss.png)."
+        )
     folders = find_run_folders(run)
     if not folders:
         click.echo(
@@ -319,11 +373,10 @@ def report_command(run: Path, out: Path | None) -> None:
     try:
         plt = _import_pyplot()
     except ImportError:
-        click.echo(
-            f"la-trainer: matplotlib is not installed, so no picture was drawn: {PLOTS_INSTALL_HINT}",
-            err=True,
-        )
-        sys.exit(int(ExitCode.USAGE))
+        # A warning, exit 0, as the demo's report: the summary above is the report this installation can
+        # give (the Docker image has no matplotlib), and nothing about the command line was wrong.
+        click.echo(f"la-trainer: warning: no picture drawn: {plots_advice()}.", err=True)
+        return
     measured = heldout_series(points)
     actions = _read_json(folder / HELDOUT_ACTIONS_FILE)
     panels = 1 + bool(measured) + (actions is not None)

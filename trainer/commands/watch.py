@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TextIO
 
 from trainer.exitcodes import ExitCode
-from trainer.records.progress import STATUS_FILE_NAME, Status, format_duration, read_status
+from trainer.records.progress import STATUS_FILE_NAME, Status, format_duration, format_rate, read_status
 
 __all__ = ["DEFAULT_MAX_AGE_S", "Health", "Verdict", "find_status_files", "judge", "render", "watch"]
 
@@ -129,7 +129,7 @@ def render(status: Status, where: str, health: Health, *, now: float | None = No
     if math.isfinite(status.loss):
         parts.append(f"loss {status.loss:.5f}")
     if health.verdict is Verdict.RUNNING and status.iterations_per_second > 0:
-        parts.append(f"{status.iterations_per_second:,.0f} it/s")
+        parts.append(f"{format_rate(status.iterations_per_second)} it/s")
         parts.append(f"eta {format_duration(status.eta_s)}")
     if status.syncs:
         parts.append(f"syncs {status.syncs}")
@@ -137,12 +137,29 @@ def render(status: Status, where: str, health: Health, *, now: float | None = No
         parts.append(f"threads {status.threads}")
     if status.recipe:
         parts.append(f"recipe {status.recipe}")
+    if status.heldout_iteration:
+        parts.append(
+            f"held-out at {status.heldout_iteration}: selection {status.heldout_selection:.3f} loss "
+            f"{status.heldout_loss:.4f} energy score {status.heldout_energy_score:.3f} coverage "
+            f"{status.heldout_coverage:.2f}"
+        )
     parts.append(f"pid {status.pid}")
     parts.append(f"updated {format_duration(now - status.updated)} ago")
     line = " | ".join(parts)
     if status.message and health.verdict is not Verdict.RUNNING:
         line += f"\n  {status.message}"
     return line
+
+
+def _why(path: Path, error: BaseException) -> str:
+    """Why ``path`` is not a status file, in our words (msgpack's own are "Unpack failed: ...")."""
+    if isinstance(error, OSError):
+        return f"it cannot be read: {error.strerror or error}"
+    try:
+        empty = path.stat().st_size == 0
+    except OSError:
+        empty = False
+    return "it is empty" if empty else "it does not hold la-trainer's status map"
 
 
 def _describe(path: Path) -> str:
@@ -164,6 +181,19 @@ def watch(
     """Follow the newest run under ``path`` until it ends (or once); returns the exit code."""
     out = stream if stream is not None else sys.stdout
     redraw = out.isatty() if tty is None else tty
+    if path.is_file():
+        # A file named on the command line must be a status file: anything else (an empty file, a run's
+        # metrics log) is refused at once, never followed for ever or reported by the decoder's words.
+        try:
+            read_status(path)
+        except (OSError, ValueError) as error:
+            out.write(
+                f"la-trainer watch: {path} is not a status file ({STATUS_FILE_NAME}) or a folder: "
+                f"{_why(path, error)}. Point it at a task folder (.../Intermediate/LearningCore/Training0), "
+                "the LearningCore folder or the project's Intermediate folder.\n"
+            )
+            out.flush()
+            return int(ExitCode.USAGE)
     shown = None
     drawn = False
     while True:

@@ -31,7 +31,7 @@ from trainer.session.app import (
     run_with_link,
 )
 from trainer.settings.environment import ENV_ENGINE_TRAIN_PY
-from trainer.settings.options import load_options
+from trainer.settings.options import load_options_traced
 from trainer.settings.timeouts import Timeouts
 from trainer.system.console import log, log_error, use_utf8_output
 
@@ -102,10 +102,11 @@ def engine_main(
     try:
         # Settings: <IntermediatePath>/la-trainer.json for every run of the project (the task folder is
         # new for each run), then the task folder's own.
-        options = load_options(
+        loaded = load_options_traced(
             task_dir if task_dir is not None and task_dir.is_dir() else None,
             shared_dir=task_dir.parent if task_dir is not None else None,
         )
+        options = loaded.options
         # Reads LA_TRAINER_TIMEOUT_SCALE: refused here too.
         timeouts = Timeouts.from_env(options.wait, config_wait=options.config_wait)
     except LaunchError as error:
@@ -115,6 +116,8 @@ def engine_main(
         record_failure(task_dir if task_dir is not None and task_dir.is_dir() else None, None, paragraph, 2)
         log_error(paragraph)
         return int(ExitCode.USAGE)
+    if loaded.settings_line():
+        log(loaded.settings_line())
 
     # Over a socket with la-trainer's -m (the engine default included, spec §1.6) only the config tells
     # the methods apart: read it first and relay another method to the engine's script (trainer.dropin.handover).
@@ -135,7 +138,12 @@ def engine_main(
         return runner(open_link, options=options, task_dir=task_dir)
     try:
         return run_with_link(
-            open_link, options=options, task_dir=task_dir, timeouts=timeouts, passthrough=(HandOver,)
+            open_link,
+            options=options,
+            task_dir=task_dir,
+            timeouts=timeouts,
+            passthrough=(HandOver,),
+            option_sources=loaded.every_source(),
         )
     except HandOver as handover:
         log(f"la-trainer: {handover}")

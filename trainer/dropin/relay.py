@@ -22,7 +22,6 @@ decided here too.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import selectors
@@ -93,12 +92,9 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def listen_error_message(host: str, port: int, error: OSError) -> str:
     """What to say when ``host:port`` cannot be listened on (the words of the trainer link's own check)."""
-    if error.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1)):
-        return (
-            f"port {port} on {host} is already in use (another trainer or game?). Stop the other process or "
-            "choose another port with -LearningAgentsPort on the game and the same address for the trainer."
-        )
-    return f"cannot listen on {host}:{port}: {error.strerror or error}"
+    from trainer.session.transport.tcp import listen_refusal
+
+    return listen_refusal(host, port, error)
 
 
 def _wait_readable(

@@ -43,6 +43,7 @@ __all__ = [
     "RunPhase",
     "Status",
     "format_duration",
+    "format_rate",
     "read_status",
     "write_status",
 ]
@@ -51,6 +52,10 @@ STATUS_FILE_NAME = "la-trainer-status.msgpack"
 
 HEARTBEAT_S = 10.0
 """How often a live trainer rewrites its status file when nothing else does (waits, slow sync rounds)."""
+
+SLOW_ITERATION_S = 60.0
+"""An iteration still running after this long says so in the log (from the heartbeat): a network too large
+for the machine otherwise shows no progress line at all before its first iteration ends."""
 
 
 class RunPhase(str, Enum):
@@ -140,6 +145,16 @@ class Status:
     ``custom`` for the user's own (empty: not known yet)."""
     recipe_note: str = ""
     """Why that recipe: the pilot's last look (each candidate's selection score), or why there is none."""
+    heldout_iteration: int = 0
+    """Iteration of the last held-out measurement (:mod:`trainer.training.heldout`; 0: none yet)."""
+    heldout_selection: float = math.nan
+    """Its selection score (higher is better; what picks the recipe and the best networks)."""
+    heldout_loss: float = math.nan
+    """Its flow loss on the held-out rows (lower is better)."""
+    heldout_energy_score: float = math.nan
+    """Its energy score of sampled against demonstrated actions (lower is better)."""
+    heldout_coverage: float = math.nan
+    """Its coverage: the share of held-out rows whose demonstrated action the policy reaches."""
 
 
 def write_status(path: Path, status: Status) -> None:
@@ -169,6 +184,16 @@ def read_status(path: Path) -> Status:
     return Status(**known)
 
 
+def format_rate(per_second: float) -> str:
+    """Iterations per second as a progress line shows them: ``1,850``, ``4.2``, ``0.183`` (never ``0`` for
+    a slow but running network)."""
+    if not math.isfinite(per_second) or per_second <= 0:
+        return "0"
+    if per_second >= 10:
+        return f"{per_second:,.0f}"
+    return f"{per_second:.1f}" if per_second >= 1 else f"{per_second:.3f}"
+
+
 def format_duration(seconds: float) -> str:
     """``42s``, ``3m05s``, ``2h07m``; ``?`` for unknown."""
     if not math.isfinite(seconds) or seconds < 0:
@@ -193,6 +218,8 @@ class ProgressReporter:
         status_path: Path | None = None,
         label: str = "train",
         heartbeat_s: float = HEARTBEAT_S,
+        syncs: bool = True,
+        slow_iteration_s: float = SLOW_ITERATION_S,
     ) -> None:
         self.total = total
         self.every_s = every_s
@@ -205,6 +232,9 @@ class ProgressReporter:
         self._last_iteration = 0
         self._rate = 0.0
         self.syncs = 0
+        self.show_syncs = syncs
+        """The run sends networks to a game: the progress line and the status count the rounds (offline
+        there is no game to send them to)."""
         self._lock = threading.Lock()
         self._status = Status(
             phase=RunPhase.STARTING,
@@ -218,6 +248,8 @@ class ProgressReporter:
         """The newest (iteration, loss) seen by :meth:`update`, written with the next status (every call
         stores it; only a due line writes the file)."""
         self._warned = False
+        self._slow_after = slow_iteration_s
+        self._slow_noted = False
         self.note = ""
         """A short extra for the progress line (the latest held-out numbers, :mod:`trainer.training.heldout`)."""
         self._closed = threading.Event()
@@ -250,6 +282,24 @@ class ProgressReporter:
     def _beat(self, period: float) -> None:
         while not self._closed.wait(period):
             self._write_status()
+            self._note_slow_iteration()
+
+    def _note_slow_iteration(self) -> None:
+        """One line when the first iteration has run for :data:`SLOW_ITERATION_S` (a network too large for
+        the machine: no progress line would come before it ends). Only the first: later, a silence can
+        also be a sync round waiting for the game, whose wait says so itself."""
+        with self._lock:
+            first = self._status.phase is RunPhase.TRAINING and self._latest is None
+        waited = time.perf_counter() - self.started
+        if not first or waited < self._slow_after or self._slow_noted or self.tty:
+            return
+        self._slow_noted = True
+        log(
+            f"{self.label}: the first iteration is still running after {format_duration(waited)}: this "
+            "network is slow on this machine (its size is in the line above); the progress line follows "
+            "when the iteration ends",
+            self.stream,
+        )
 
     # -- what the story reports ----------------------------------------------------------------------
     def start(self, total: int, first_iteration: int = 0) -> None:
@@ -283,6 +333,26 @@ class ProgressReporter:
         """The recipe trained and why (:mod:`trainer.training.recipes`)."""
         self._set(recipe=recipe, recipe_note=note)
 
+    def heldout(
+        self,
+        iteration: int,
+        selection: float,
+        loss: float,
+        energy_score: float,
+        coverage: float,
+        *,
+        note: str = "",
+    ) -> None:
+        """A held-out measurement: into the status file (``watch``) and, as ``note``, the progress line."""
+        self.note = note
+        self._set(
+            heldout_iteration=iteration,
+            heldout_selection=selection,
+            heldout_loss=loss,
+            heldout_energy_score=energy_score,
+            heldout_coverage=coverage,
+        )
+
     def run_dir(self, folder: Path) -> None:
         """The run's record folder, shown by ``watch`` and found by ``report``."""
         self._set(run_dir=str(folder))
@@ -310,14 +380,15 @@ class ProgressReporter:
             bar = "#" * filled + "-" * (width - filled)
             line = (
                 f"\r{self.label} [{bar}] {iteration}/{self.total} loss {loss:.4f} "
-                f"{self._rate:,.0f} it/s eta {format_duration(remaining)}   "
+                f"{format_rate(self._rate)} it/s eta {format_duration(remaining)}   "
             )
             overwrite(line + "\n" if iteration >= self.total else line, self.stream)
         else:
             note = f" | {self.note}" if self.note else ""
+            syncs = f" syncs {self.syncs}" if self.show_syncs else ""
             log(
                 f"{self.label}: iteration {iteration}/{self.total} ({pct:.1f}%) loss {loss:.5f} "
-                f"{self._rate:,.0f} it/s eta {format_duration(remaining)} syncs {self.syncs}{note}",
+                f"{format_rate(self._rate)} it/s eta {format_duration(remaining)}{syncs}{note}",
                 self.stream,
             )
         self._set(
@@ -335,7 +406,8 @@ class ProgressReporter:
     # -- the file ------------------------------------------------------------------------------------
     def _set(self, **changes: object) -> None:
         with self._lock:
-            self._status = dataclasses.replace(self._status, syncs=self.syncs, **changes)  # type: ignore[arg-type]
+            syncs = self.syncs if self.show_syncs else 0
+            self._status = dataclasses.replace(self._status, syncs=syncs, **changes)  # type: ignore[arg-type]
         self._write_status()
 
     def _write_status(self) -> None:

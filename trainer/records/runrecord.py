@@ -7,6 +7,8 @@ numbered folder we make for socket and offline runs, the user's folder for attac
     <task_dir>/la-trainer-status.msgpack          the live status (trainer.records.progress; la-trainer watch)
     <task_dir>/Snapshots/                         snapshots and resumable checkpoints
     <task_dir>/runs/<run name>/options.json       our options as this run used them
+    <task_dir>/runs/<run name>/option-sources.json where each came from (a settings file, the environment,
+                                                  the command line, or "default")
     <task_dir>/runs/<run name>/engine-config.json the engine's config (its own socket-JSON form)
     <task_dir>/runs/<run name>/metrics.jsonl      one JSON object per line, every TRACK_EVERY iterations
     <task_dir>/runs/<run name>/run.json           who/where/when, and at the end: phase, exit code,
@@ -76,6 +78,7 @@ __all__ = [
     "HELDOUT_ACTIONS_FILE",
     "METRICS_FILE",
     "OPTIONS_FILE",
+    "OPTION_SOURCES_FILE",
     "RUNS_DIR",
     "RUN_FILE",
     "MetricsPoint",
@@ -92,6 +95,7 @@ __all__ = [
 
 RUNS_DIR = "runs"
 OPTIONS_FILE = "options.json"
+OPTION_SOURCES_FILE = "option-sources.json"
 ENGINE_CONFIG_FILE = "engine-config.json"
 METRICS_FILE = "metrics.jsonl"
 HELDOUT_ACTIONS_FILE = "heldout-actions.json"
@@ -153,13 +157,43 @@ def check_output_folder(path: Path, option: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise refuse(
-            f"it cannot be created ({error.strerror or error})",
-            f"Create it yourself with write permission for this user, {other}.",
+            f"it cannot be created ({error.strerror or error}){_owners(path)}",
+            f"{_container_fix()}Create it yourself with write permission for this user, {other}.",
         ) from None
     why = _writable(path)
     if why:
-        raise refuse(why, f"Give this user write permission there, {other}.")
+        raise refuse(
+            f"{why}{_owners(path)}", f"{_container_fix()}Give this user write permission there, {other}."
+        )
     return path
+
+
+def _owners(path: Path) -> str:
+    """Who this process is and who owns the folder (or its nearest existing parent), where uids exist:
+    the usual cause is a folder made by another user (Docker makes a missing host folder as root)."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:
+        return ""  # Windows: no uids
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    try:
+        owner = existing.stat().st_uid if existing is not None else None
+    except OSError:
+        owner = None
+    where = f"; {str(existing)!r} belongs to uid {owner}" if owner is not None else ""
+    return f" (this process runs as uid {getuid()}{where})"
+
+
+def _container_fix() -> str:
+    """In a container (the Docker image runs as its own user, uid 10001): run it as the host folder's owner,
+    as the README's docker run does."""
+    from trainer.system.container import in_container
+
+    if not in_container():
+        return ""
+    return (
+        'In Docker, run the container as the folder\'s owner: docker run --user "$(id -u):$(id -g)" ... '
+        "(README, 'Socket'; the image's own user is uid 10001), or use a named volume (-v la-trainer-runs:/runs). "
+    )
 
 
 def new_task_folder(parent: Path, task_name: str) -> Path:
@@ -286,8 +320,10 @@ class RunRecord:
         engine_config: Mapping[str, object],
         info: Mapping[str, object],
         warn: Any = None,
+        option_sources: Mapping[str, str] | None = None,
     ) -> RunRecord:
-        """Make ``<task_dir>/runs/<name>`` (``<name>_2``, ... when taken) and write the options, the engine's
+        """Make ``<task_dir>/runs/<name>`` (``<name>_2``, ... when taken) and write the options (and, when
+        known, where each came from: :meth:`trainer.settings.options.LoadedOptions.every_source`), the engine's
         config and the opening ``run.json``."""
         base = task_dir / RUNS_DIR
         base.mkdir(parents=True, exist_ok=True)
@@ -316,6 +352,8 @@ class RunRecord:
             warn,
         )
         record._write(OPTIONS_FILE, json.dumps(options_json(options), indent=2) + "\n")
+        if option_sources is not None:
+            record._write(OPTION_SOURCES_FILE, json.dumps(dict(option_sources), indent=2) + "\n")
         record._write(ENGINE_CONFIG_FILE, json.dumps(engine_config, indent=2) + "\n")
         record._write(RUN_FILE, json.dumps(record._info, indent=2) + "\n")
         return record
@@ -502,6 +540,7 @@ class RunLog:
         engine_config: Mapping[str, object],
         info: Mapping[str, object],
         first_iteration: int,
+        option_sources: Mapping[str, str] | None = None,
     ) -> None:
         from trainer.records.trackers import Trackers, tensorboard_runs
         from trainer.system.console import log
@@ -512,7 +551,13 @@ class RunLog:
         if task_dir is not None and options.run_record:
             try:
                 self.record = RunRecord.create(
-                    task_dir, self.name, options=options, engine_config=engine_config, info=info, warn=log
+                    task_dir,
+                    self.name,
+                    options=options,
+                    engine_config=engine_config,
+                    info=info,
+                    warn=log,
+                    option_sources=option_sources,
                 )
                 self.name = self.record.folder.name
                 log(f"la-trainer: run record in {self.record.folder}")

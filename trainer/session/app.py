@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -200,8 +200,13 @@ def run_with_link(
     training: Callable[[TrainerLink, InterruptFlag], int] | None = None,
     timeouts: Timeouts | None = None,
     passthrough: tuple[type[BaseException], ...] = (),
+    option_sources: Mapping[str, str] | None = None,
+    task_name: str | None = None,
 ) -> int:
     """Opens the link, runs the training story, always closes the link; returns the exit code.
+
+    ``option_sources`` (where each option came from, for the run record) and ``task_name`` (the run name's
+    first part): as :func:`trainer.session.run.run_training` takes them.
 
     ``training(link, flag)`` replaces the default story (:func:`trainer.session.run.run_training` with this
     ``options``/``task_dir``/``timeouts``); :mod:`trainer.distributed` passes one that adds the rank
@@ -227,7 +232,15 @@ def run_with_link(
                 from trainer.session.run import run_training
             if training is not None:
                 return int(training(link, flag))
-            result = run_training(link, options=options, task_dir=task_dir, interrupt=flag, timeouts=timeouts)
+            result = run_training(
+                link,
+                options=options,
+                task_dir=task_dir,
+                interrupt=flag,
+                timeouts=timeouts,
+                option_sources=option_sources,
+                task_name=task_name,
+            )
             return int(result)
     except KeyboardInterrupt as error:
         if flag.no_game():
@@ -322,6 +335,8 @@ def serve_sessions(
     timeouts: Timeouts | None = None,
     say: Callable[[str], None] | None = None,
     config_first: bool = False,
+    option_sources: Mapping[str, str] | None = None,
+    task_name: str | None = None,
 ) -> int:
     """Serve one game session after another on one link (``la-trainer socket``, ``la-trainer shm --create
     --serve``): an editor restarted after a crash, or PIE started again, finds the trainer still there.
@@ -359,7 +374,13 @@ def serve_sessions(
                     task_dir = task_dir_for(session)
                     code = int(
                         run_training(
-                            link, options=options, task_dir=task_dir, interrupt=flag, timeouts=timeouts
+                            link,
+                            options=options,
+                            task_dir=task_dir,
+                            interrupt=flag,
+                            timeouts=timeouts,
+                            option_sources=option_sources,
+                            task_name=task_name,
                         )
                     )
                 except (TrainerError, ProtocolError) as error:

@@ -146,7 +146,14 @@ class HeldOutRound:
             self.best_layers = layers()
         self.last = metrics
         self.runlog.heldout(metrics.iteration, metrics.record(), metrics.tracker_values(), best=improved)
-        self.reporter.note = metrics.short()
+        self.reporter.heldout(
+            metrics.iteration,
+            metrics.selection.score,
+            metrics.flow_loss,
+            metrics.energy_score,
+            metrics.coverage,
+            note=metrics.short(),
+        )
 
     def keep_best(self, encode: Callable[[dict[int, Layer]], dict[int, bytes]]) -> None:
         """Keep the best measurement's networks in the run record (``Networks/best``) when they are not

@@ -204,9 +204,17 @@ def run_training(
     interrupt: InterruptLike | None = None,
     prepare_job: Callable[[TrainingJob], TrainingJob] | None = None,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
+    option_sources: Mapping[str, str] | None = None,
+    task_name: str | None = None,
 ) -> ExitCode:
     """The whole run. Returns OK, INTERRUPTED, DIVERGED or PEER_GONE (a lost scale-out rank); raises on
     every other failure.
+
+    ``option_sources``: where each option came from
+    (:meth:`trainer.settings.options.LoadedOptions.every_source`), kept in the run record. ``task_name``:
+    the first part of the run name; None: the engine's TaskName from its task folder ``<TaskName><N>``
+    (:func:`trainer.records.runrecord.task_name_of`). A folder the user named (``offline --out res2``)
+    passes its whole name: its digits are not a task number.
 
     ``prepare_job``: replaces the job once it is built, while the engine is still pinged (scale-out makes
     it one rank of a data-parallel job there, :func:`trainer.distributed.scale_out_job`). ``timeouts``:
@@ -215,7 +223,11 @@ def run_training(
     (``trainer.records.runrecord``) follow the run to its end, whichever way it ends."""
     status_path = task_dir / STATUS_FILE_NAME if (task_dir is not None and options.status_file) else None
     runlog = RunLog()
-    with ProgressReporter(0, every_s=options.progress_every_seconds, status_path=status_path) as reporter:
+    # Offline (the engine's export) there is no game to send networks to: no sync count on the lines.
+    syncs = link.comm_type != CommType.FILES
+    with ProgressReporter(
+        0, every_s=options.progress_every_seconds, status_path=status_path, syncs=syncs
+    ) as reporter:
         try:
             return _story(
                 link,
@@ -226,6 +238,8 @@ def run_training(
                 interrupt=interrupt,
                 prepare_job=prepare_job,
                 timeouts=timeouts,
+                option_sources=option_sources,
+                task_name=task_name,
             )
         except BaseException as error:
             runlog.abort(error)
@@ -278,6 +292,8 @@ def _story(
     interrupt: InterruptLike | None,
     prepare_job: Callable[[TrainingJob], TrainingJob] | None,
     timeouts: Timeouts,
+    option_sources: Mapping[str, str] | None,
+    task_name: str | None,
 ) -> ExitCode:
     from trainer.session.links import KeepAlive
 
@@ -293,7 +309,20 @@ def _story(
         job, device, tuner = _build_job(
             config, received, replay, options, task_dir, prepare_job, reporter=reporter, runlog=runlog
         )
-    run = _start_training(link, reporter, runlog, options, task_dir, config, received, job, device, tuner)
+    run = _start_training(
+        link,
+        reporter,
+        runlog,
+        options,
+        task_dir,
+        config,
+        received,
+        job,
+        device,
+        tuner,
+        option_sources=option_sources,
+        task_name=task_name,
+    )
     # 5. Train: step, report, sync, snapshot; stop when asked.
     end, iteration = _train(run, interrupt)
     # 6. Finish: final networks, snapshots, Complete (spec §7.2 step 5), then wait for the engine.
@@ -393,16 +422,24 @@ def _start_training(
     job: TrainingJob,
     device: torch.device,
     tuner: ThreadTuner,
+    *,
+    option_sources: Mapping[str, str] | None,
+    task_name: str | None,
 ) -> _Run:
     """Between sections 4 and 5: training begins (status, one log line), and the run's snapshot writer,
-    record and trackers open under the engine's run name (spec §7.2; trainer.records.runrecord)."""
+    record and trackers open under the engine's run name (spec §7.2; trainer.records.runrecord), or
+    ``task_name``'s, with where each option came from (``option_sources``) when known."""
     total = job.total_iterations
+    settings = config.model.flow_matching
+    batch = config.trainer.training.batch_size
+    params = sum(p.numel() for p in job.model.denoiser.parameters())
     reporter.start(total, job.start_iteration)
     reporter.phase(RunPhase.TRAINING)  # before the first progress line: a failure now is a training failure
     log(
         f"la-trainer: training {total} iterations on {job.sample_num} samples "
-        f"(observation {job.observation_dim}, action {job.action_dim}, "
-        f"chunk {config.model.flow_matching.action_chunk_size})"
+        f"(observation {job.observation_dim}, action {job.action_dim}, chunk {settings.action_chunk_size}); "
+        f"denoiser {settings.hidden_layer_num} hidden layer(s) of {settings.hidden_layer_size}, "
+        f"{params:,} parameters, batch {batch}"
     )
     sync = SyncRounds(link)
     writer = (
@@ -411,7 +448,9 @@ def _start_training(
     stamp = config.trainer.time_stamp or format_time_stamp(datetime.now())
     runlog.open(
         task_dir=task_dir,
-        name=run_name(task_name_of(task_dir), config.trainer.trainer_method, link.comm_type, stamp),
+        name=run_name(
+            task_name or task_name_of(task_dir), config.trainer.trainer_method, link.comm_type, stamp
+        ),
         options=options,
         config=config.trainer,
         engine_config={
@@ -428,6 +467,7 @@ def _start_training(
             "first_iteration": job.start_iteration,
         },
         first_iteration=job.start_iteration,
+        option_sources=option_sources,
     )
     if runlog.folder is not None:
         reporter.run_dir(runlog.folder)

@@ -42,8 +42,10 @@ from trainer.system.console import warn as console_warn
 
 __all__ = [
     "ALIASES",
+    "DEFAULT_SOURCE",
     "MAX_THREADS",
     "SETTINGS_FILE_NAME",
+    "LoadedOptions",
     "OptionError",
     "TrainerOptions",
     "check_command_value",
@@ -51,6 +53,7 @@ __all__ = [
     "env_name",
     "experimental_options",
     "load_options",
+    "load_options_traced",
     "option_names",
     "options_json",
     "parse_option",
@@ -170,7 +173,10 @@ class TrainerOptions:
     )
     """Euler step count the game uses (ODEStepsNum); > 0 enables few-step distillation for that count."""
     distill_fraction: float = _option(0.25, "a number from 0 up to but not including 1", lambda v: 0 <= v < 1)
-    """Share of IterationNum spent on distillation when ``ode_steps`` > 0."""
+    """Share of the run's time spent on distillation when ``ode_steps`` > 0: the last iterations distil, as
+    many as the cost model (:attr:`trainer.training.steps.distill.DistillSettings.cost`, about 3
+    flow-matching iterations each) fits into this share, so 0.25 distils about 10 % of IterationNum
+    (:func:`trainer.training.steps.distill.distill_iterations`; the log names the iterations)."""
     draws_per_row: int = _option(1, "a whole number from 1 to 64", _between(1, 64), experimental=True)
     """Experimental. (x0, t) draws per batch row, stratified in t and antithetic in x0 (trainer/training/flow.py stratified_draws):
     each iteration trains BatchSize x draws_per_row samples of BatchSize rows (1: one independent draw)."""
@@ -460,6 +466,45 @@ def _settings_file(path: Path) -> dict[str, object]:
     return loaded
 
 
+DEFAULT_SOURCE = "default"
+"""The source of an option nobody set (:meth:`LoadedOptions.every_source`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedOptions:
+    """The options and where each came from (:func:`load_options_traced`)."""
+
+    options: TrainerOptions
+    sources: Mapping[str, str]
+    """Option name -> where its value came from, for the options not at their default: ``settings file
+    <path>``, ``environment variable LA_TRAINER_<NAME>`` or ``command-line option --<name>``."""
+    looked_for: tuple[Path, ...]
+    """The settings files looked for, project-wide first."""
+    read: tuple[Path, ...]
+    """Those that were there and read."""
+
+    def every_source(self) -> dict[str, str]:
+        """Every option -> its source, :data:`DEFAULT_SOURCE` for the ones nobody set (``option-sources.json``
+        in the run record)."""
+        return {name: self.sources.get(name, DEFAULT_SOURCE) for name in option_names()}
+
+    def settings_line(self) -> str:
+        """The log line that says which settings files were read and what each set; empty when no folder
+        was looked in (a command that reads none)."""
+        if not self.looked_for:
+            return ""
+        parts = []
+        for path in self.looked_for:
+            if path in self.read:
+                names = [n for n, source in self.sources.items() if source == f"settings file {path}"]
+                parts.append(
+                    f"read {path} ({', '.join(names) or 'overridden by the environment or command line'})"
+                )
+            else:
+                parts.append(f"none at {path}")
+        return f"la-trainer: settings files: {'; '.join(parts)}"
+
+
 def load_options(
     task_dir: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -468,6 +513,18 @@ def load_options(
     warn: Callable[[str], None] | None = None,
     shared_dir: str | Path | None = None,
 ) -> TrainerOptions:
+    """The options alone (:func:`load_options_traced` says where each came from)."""
+    return load_options_traced(task_dir, overrides, environ, warn=warn, shared_dir=shared_dir).options
+
+
+def load_options_traced(
+    task_dir: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    warn: Callable[[str], None] | None = None,
+    shared_dir: str | Path | None = None,
+) -> LoadedOptions:
     """Defaults < ``<shared_dir>/la-trainer.json`` < ``<task_dir>/la-trainer.json`` < ``LA_TRAINER_*`` env
     vars < ``overrides``.
 
@@ -495,8 +552,11 @@ def load_options(
         OptionError / LaunchError: a bad value or an unknown name, with the source named (exit code 2).
     """
     values: dict[str, object] = {}
+    sources: dict[str, str] = {}
     folders = [Path(d) for d in (shared_dir, task_dir) if d is not None]
-    for path in [folder / SETTINGS_FILE_NAME for folder in folders]:
+    looked_for = tuple(dict.fromkeys(folder / SETTINGS_FILE_NAME for folder in folders))
+    read: list[Path] = []
+    for path in looked_for:
         if path.is_dir():
             # Most likely made by mistake (mkdir instead of a file): ignoring it would drop settings silently.
             raise LaunchError(
@@ -504,6 +564,7 @@ def load_options(
                 f'into a file of that name (one JSON object such as {{"threads": 1}}).'
             )
         if path.is_file():
+            read.append(path)
             fix = f"Edit {path}."
             given: dict[str, str] = {}
             for key, raw in _settings_file(path).items():
@@ -520,6 +581,7 @@ def load_options(
                     )
                 given[name] = key
                 values[name] = parse_option(key, raw, f"settings file {path}", fix)
+                sources[name] = f"settings file {path}"
     env = os.environ if environ is None else environ
     report = warn if warn is not None else console_warn
     for warning in unknown_environment_names(env):
@@ -540,6 +602,7 @@ def load_options(
             f"environment variable {variable}",
             f"Change or unset {variable} in the environment that starts the trainer.",
         )
+        sources[name] = f"environment variable {variable}"
     for key, raw in (overrides or {}).items():
         if raw is None:
             continue
@@ -549,4 +612,6 @@ def load_options(
         values[name] = parse_option(
             name, raw, f"command-line option {cli_flag(name)}", "See 'la-trainer COMMAND --help'."
         )
-    return replace(TrainerOptions(), **values)  # type: ignore[arg-type]
+        sources[name] = f"command-line option {cli_flag(name)}"
+    options = replace(TrainerOptions(), **values)  # type: ignore[arg-type]
+    return LoadedOptions(options, sources, looked_for, tuple(read))

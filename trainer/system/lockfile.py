@@ -166,11 +166,20 @@ class ControlBlockLock:
             owner = _read_owner(self._fd)
             os.close(self._fd)  # not locked: nothing to unlock
             self._fd = None
+            stop = f"Ctrl+C in its terminal, or kill {owner}" if owner else "Ctrl+C in its terminal"
+            # torchrun is named only where it is the cause: a rank of a torchrun that runs the trainer
+            # itself instead of the drop-in's scale-out (docs/scale-out.md).
+            torchrun = (
+                " Under torchrun only rank 0 talks to the game: run the drop-in itself under torchrun, not "
+                "a trainer per rank."
+                if "LOCAL_RANK" in os.environ
+                else ""
+            )
             raise LaunchError(
                 f"another la-trainer process{f' (pid {owner})' if owner else ''} already serves control block "
-                f"{guid_string}; two trainers on one block would take each other's hand-offs. Under torchrun "
-                "only rank 0 talks to the game (run the drop-in itself under torchrun, not a second trainer); "
-                "otherwise stop the other trainer first."
+                f"{guid_string}; two trainers on one block would take each other's hand-offs. Stop that trainer "
+                f"first ({stop}), or give this trainer and its game another GUID (--guid, and "
+                f"-LearningAgentsControlsGuid on the game).{torchrun}"
             )
         os.lseek(self._fd, 0, os.SEEK_SET)
         os.write(self._fd, str(os.getpid()).ljust(PID_FIELD).encode("ascii"))

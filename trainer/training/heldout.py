@@ -291,10 +291,12 @@ class HeldOutMetrics:
         return {f"heldout/{key}": float(value) for key, value in values.items()}
 
     def short(self) -> str:
-        """For the progress line: the selection score, the flow loss, the energy score and the coverage."""
+        """For the progress line: the selection score, the flow loss, the energy score and the coverage,
+        named in words (the log line that starts the hold-out says what each means and which way is
+        better)."""
         return (
             f"held-out selection {self.selection.score:.3f} loss {self.flow_loss:.4f} "
-            f"ES {self.energy_score:.3f} cov {self.coverage:.2f}"
+            f"energy score {self.energy_score:.3f} coverage {self.coverage:.2f}"
         )
 
 

@@ -609,7 +609,9 @@ def _distill_start(options: TrainerOptions, total: int) -> int | None:
     distill_start = total - distill_iterations(total, options.distill_fraction, cost)
     log(
         f"la-trainer: distilling for {options.ode_steps} Euler step(s) from iteration {distill_start} "
-        f"({total - distill_start} of {total} iterations, ~{options.distill_fraction:.0%} of the time)"
+        f"({total - distill_start} of {total} iterations: distill_fraction {options.distill_fraction:g} "
+        f"of the run's time, as estimated for a distillation iteration costing {cost:.1f} flow-matching "
+        "iterations)"
     )
     if total - distill_start < RECOMMENDED_ITERATIONS:
         log(
@@ -643,7 +645,8 @@ def _recipe(
         why = f"distillation starts at iteration {distill_start}, before the pilot would end"
     else:
         return standard, "pilot", True
-    log(f"la-trainer: recipe: {standard.describe()}: no pilot, {why}")
+    if options.heldout_share > 0:  # hold-out switched off (a benchmark's job): nothing to say about it
+        log(f"la-trainer: recipe: {standard.describe()}: no pilot, {why}")
     return standard, why, False
 
 
@@ -678,7 +681,12 @@ def _heldout(
         f"la-trainer: held out {split.heldout.size} of {split.heldout.size + split.train.size} episodes "
         f"({heldout.rows} rows) to measure imitation quality on, every "
         f"{options.heldout_every_iterations or total} iterations at {heldout.steps} Euler steps "
-        "(option heldout_share; trainer/training/heldout.py)"
+        "(option heldout_share; trainer/training/heldout.py). The progress line then ends in its numbers: "
+        "the selection score, samples against the demonstrated actions, comparable across runs (higher "
+        "is better; it picks the recipe and the best networks), the held-out flow loss (lower is better), "
+        "the energy score of the sampled actions against the "
+        "demonstrated ones (lower is better) and the coverage, the share of held-out rows whose demonstrated "
+        "action the policy reaches (higher is better); la-trainer watch shows them too"
     )
     return heldout
 

@@ -58,11 +58,22 @@ class FileTrainerLink:
         self._folder = find_training_materials(folder)
         self._output_dir = Path(output_dir)
         out = self._output_dir.resolve()
-        if out == self._folder.resolve() or (out / TRAINER_CONFIG).exists():
+        export = self._folder.resolve()
+        # Inside the export, or inside the engine's TrainingMaterials folder that holds the exports: the
+        # export is never written to (README), and the engine's next export goes there.
+        materials = export.parent if export.parent.name == TRAINING_MATERIALS_DIR else export
+        if out == export or (out / TRAINER_CONFIG).exists():
             raise LaunchError(
                 f"the output folder {str(self._output_dir)!r} is an engine export; training into it would "
                 "overwrite the exported initial networks. Choose another folder with --out (or leave --out "
                 "out for a new one)."
+            )
+        if out.is_relative_to(materials):
+            raise LaunchError(
+                f"the output folder {str(self._output_dir)!r} (--out) is inside {str(materials)!r}, the engine's "
+                "export, which is never written to (every run starts from its initial networks). Choose a "
+                "folder outside it with --out, or leave --out out for a new Offline<N> beside the engine's "
+                "task folders."
             )
         self._materials: TrainingMaterials | None = None
         self._next_replay = 0

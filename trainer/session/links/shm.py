@@ -254,7 +254,11 @@ class ShmTrainerLink:
                 "for a game with no bound (SIGINT/SIGTERM stop the server; --once: one session only)."
             )
             idle = WaitRule(
-                replace(self._timeouts, wait=math.inf), visible=False, why_unseen="serving", output=self._say
+                replace(self._timeouts, wait=math.inf),
+                visible=False,
+                why_unseen="serving",
+                output=self._say,
+                serving=True,
             )
             self._wait(self._controls.config_ready, what, rule=idle)
         else:

@@ -163,7 +163,11 @@ class SocketTrainerLink:
         if self._serve:
             # A server waits for its next client without a bound; the signals end it.
             return WaitRule(
-                replace(self._timeouts, wait=math.inf), visible=False, why_unseen="serving", output=self._say
+                replace(self._timeouts, wait=math.inf),
+                visible=False,
+                why_unseen="serving",
+                output=self._say,
+                serving=True,
             )
         return WaitRule(
             self._timeouts,

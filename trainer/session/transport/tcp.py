@@ -37,6 +37,7 @@ __all__ = [
     "connect_with_retry",
     "enable_keepalive",
     "is_loopback",
+    "listen_refusal",
     "wait_any_readable",
 ]
 
@@ -283,6 +284,32 @@ class TcpConnection:
         self.close()
 
 
+def listen_refusal(host: str, port: int, error: OSError) -> str:
+    """Why ``host:port`` cannot be listened on, and the fix on each side: the trainer's own ``--port`` (or
+    ``--host``), and the game's setting where the two must match. The one wording of the trainer link and
+    the drop-in's relay."""
+    both = (
+        "the trainer's --port (la-trainer socket; a trainer the editor starts takes the game's port) and the "
+        "same Port in the game's socket settings (-LearningAgentsPort on its command line)"
+    )
+    if error.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1)):
+        return (
+            f"port {port} on {host} is already in use (another trainer or game?). Stop the other process, or "
+            f"choose another port for both sides: {both}."
+        )
+    if error.errno == errno.EACCES and 0 < port < 1024:
+        return (
+            f"cannot listen on {host}:{port}: {error.strerror or error} (ports below 1024 need administrator "
+            f"rights). Choose a port from 1024 up, such as the default 48491, for both sides: {both}."
+        )
+    if error.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on {host}:{port}: {host} is not an address of this machine. Give --host one of its "
+            "addresses, 0.0.0.0 for all of them or 127.0.0.1 for this machine only."
+        )
+    return f"cannot listen on {host}:{port}: {error.strerror or error}"
+
+
 class TcpServer:
     """Listens on ``host:port`` and accepts exactly one client (the engine).
 
@@ -299,7 +326,10 @@ class TcpServer:
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except socket.gaierror as error:
-            raise LaunchError(f"cannot resolve the listen address {host!r}: {error}") from None
+            raise LaunchError(
+                f"cannot resolve the listen address {host!r} ({error.strerror or error}). Give --host an address "
+                "of this machine: 0.0.0.0 for all of them, 127.0.0.1 for this machine only."
+            ) from None
         # Prefer IPv4: "localhost" may resolve to ::1 first while the engine connects to the IPv4 address.
         infos.sort(key=lambda info: info[0] != socket.AF_INET)
         family, socktype, proto, _, address = infos[0]
@@ -315,13 +345,7 @@ class TcpServer:
             sock.listen(backlog)
         except OSError as error:
             sock.close()
-            if error.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1)):
-                raise LaunchError(
-                    f"port {port} on {host} is already in use (another trainer or game?). "
-                    "Stop the other process or choose another port with -LearningAgentsPort on the game "
-                    "and the same address for the trainer."
-                ) from None
-            raise LaunchError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+            raise LaunchError(listen_refusal(host, port, error)) from None
         self._sock: socket.socket | None = sock
         self.port: int = sock.getsockname()[1]
         """The bound port (useful with port 0 in tests)."""

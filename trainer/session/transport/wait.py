@@ -120,6 +120,8 @@ class WaitRule:
     wait is bounded by ``timeouts.wait``; the first such wait announces the bound and how to change it,
     and a timeout says the same (``why_unseen`` says why liveness cannot be seen, e.g. "attach mode").
     Either way a wait that lasts ``timeouts.notice_after`` seconds says so (the game may be paused).
+    ``serving``: a server's wait for its next game, which has no bound whatever ``timeouts.wait`` says
+    (its long-wait line says so, instead of advising ``--wait``, which does not apply to it).
     """
 
     def __init__(
@@ -129,17 +131,19 @@ class WaitRule:
         visible: bool,
         why_unseen: str = "",
         output: Callable[[str], None] = log,
+        serving: bool = False,
     ) -> None:
         self.timeouts = timeouts
         self.visible = visible
         self.why_unseen = why_unseen
+        self.serving = serving
         self._say = output
         self._announced = False
 
     @property
     def bound(self) -> float:
-        """Seconds a wait may last: ``math.inf`` where the game's liveness is visible."""
-        return self.timeouts.bound(self.visible)
+        """Seconds a wait may last: ``math.inf`` where the game's liveness is visible, and for a server."""
+        return math.inf if self.serving else self.timeouts.bound(self.visible)
 
     def start(self, what: str) -> float:
         """The bound of a wait for ``what`` that starts now, announced if it is the link's first bounded one."""
@@ -162,7 +166,12 @@ class WaitRule:
         bound = self.bound
 
         def notice(elapsed: float) -> None:
-            if math.isinf(bound):
+            if self.serving:
+                tail = (
+                    "a server waits for its next game without a bound (SIGINT/SIGTERM stop it; --wait bounds "
+                    "only a --once trainer's wait)"
+                )
+            elif math.isinf(bound):
                 tail = (
                     "the game is alive (paused, or loading?), so the trainer waits for as long as it runs"
                     if self.visible
