@@ -135,19 +135,10 @@ def _job(config_name: str, *, graph: bool, rows_n: int) -> Any:
 
 
 def _device_state_step(job: Any) -> Any:
-    from trainer.training.steps.fused import FusedStep
+    from trainer.training.steps import fused_step
 
     inputs = job._step_inputs()
-    step = FusedStep.build(
-        inputs.model,
-        inputs.optimizer,
-        inputs.tensors,
-        inputs.sampler.batch_size,
-        inputs.generator,
-        inputs.time_distribution,
-        inputs.obs_noise_scale,
-        device_state=True,
-    )
+    step = fused_step(inputs, device_state=True)
     assert step is not None
     return step
 

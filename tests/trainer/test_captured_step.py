@@ -33,7 +33,7 @@ from trainer.settings.options import TrainerOptions
 from trainer.system.torch_compat import mark_non_finite, mark_non_finite_fallback
 from trainer.training.flow import TimeDistribution
 from trainer.training.job import TrainingJob
-from trainer.training.steps import Phase, choose_step
+from trainer.training.steps import Phase, choose_step, fused_step
 from trainer.training.steps.autograd import make_optimizer, set_learning_rate
 from trainer.training.steps.fused import FusedStep
 from trainer.training.steps.graphed import GraphedStep, graph_unavailable
@@ -152,16 +152,7 @@ def test_the_cuda_graph_replays_bitwise_the_eager_steps() -> None:
 
 def _device_state(job: TrainingJob) -> FusedStep:
     inputs = job._step_inputs()
-    step = FusedStep.build(
-        inputs.model,
-        inputs.optimizer,
-        inputs.tensors,
-        inputs.sampler.batch_size,
-        inputs.generator,
-        inputs.time_distribution,
-        inputs.obs_noise_scale,
-        device_state=True,
-    )
+    step = fused_step(inputs, device_state=True)
     assert step is not None
     return step
 

@@ -17,6 +17,7 @@ each implementation calls it where its gradients exist and its update has not ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "StepMetrics",
     "TrainingStep",
     "choose_step",
+    "fused_step",
 ]
 
 
@@ -73,6 +75,31 @@ class StepInputs:
     cuda_graph: bool = True
 
 
+def fused_step(
+    inputs: StepInputs,
+    *,
+    compiled: bool = False,
+    average_gradients: Callable[[torch.Tensor], None] | None = None,
+    device_state: bool = False,
+) -> FusedStep | None:
+    """The fused step over ``inputs`` (None where it cannot run them: :func:`fused_step_unsupported`);
+    ``device_state``: every number that changes between steps read from a device tensor, as a CUDA
+    graph needs (:mod:`trainer.training.steps.graphed`)."""
+    return FusedStep.build(
+        inputs.model,
+        inputs.optimizer,
+        inputs.tensors,
+        inputs.sampler.batch_size,
+        inputs.generator,
+        inputs.time_distribution,
+        inputs.obs_noise_scale,
+        compiled=compiled,
+        average_gradients=average_gradients,
+        draws_per_row=inputs.draws_per_row,
+        device_state=device_state,
+    )
+
+
 def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingStep:
     """The step for ``phase``, built now, with one log line where the choice is worth knowing.
 
@@ -103,17 +130,10 @@ def choose_step(phase: Phase, inputs: StepInputs, iteration: int) -> TrainingSte
     graphed = (
         inputs.cuda_graph and not compiled and averaging is None and graph_unavailable(inputs.device) is None
     )
-    fused = FusedStep.build(
-        inputs.model,
-        inputs.optimizer,
-        inputs.tensors,
-        inputs.sampler.batch_size,
-        inputs.generator,
-        inputs.time_distribution,
-        inputs.obs_noise_scale,
+    fused = fused_step(
+        inputs,
         compiled=compiled,
         average_gradients=None if averaging is None else averaging.average_flat,
-        draws_per_row=inputs.draws_per_row,
         device_state=graphed,
     )
     if fused is None:
