@@ -58,6 +58,21 @@ experimental."""
 LIVE_ONLY_OPTIONS = ("sync_every_iterations", "sync_every_seconds", "wait")
 """Options that mean something only with a game on the other end (networks sent back to it, the wait for
 it): ``offline`` and ``record`` do not list them (:func:`offline_training_options`)."""
+_TRAINING_KEYS = (
+    "iteration_num",
+    "device",
+    "sync_every_iterations",
+    "sync_every_seconds",
+    "ode_steps",
+    "time_distribution",
+    "threads",
+    "compile",
+    "resume",
+    "wait",
+    "tensorboard",
+    "mlflow",
+)
+"""The options every training command shares on its command line, in the order of their decorators."""
 
 
 def offline_training_options(func: Any) -> Any:
@@ -138,40 +153,12 @@ def training_options(func: Any, *, live: bool = True) -> Any:
             help="Log to MLflow at this tracking URI ('default': MLflow's own); also UseMLflow in Unreal.",
         ),
     ]
-    names = (
-        "iteration_num",
-        "device",
-        "sync_every_iterations",
-        "sync_every_seconds",
-        "ode_steps",
-        "time_distribution",
-        "threads",
-        "compile",
-        "resume",
-        "wait",
-        "tensorboard",
-        "mlflow",
-    )
-    for name, decorator in reversed(list(zip(names, decorators, strict=True))):
+    for name, decorator in reversed(list(zip(_TRAINING_KEYS, decorators, strict=True))):
         if live or name not in LIVE_ONLY_OPTIONS:
             func = decorator(func)
     return func
 
 
-_TRAINING_KEYS = (
-    "iteration_num",
-    "device",
-    "sync_every_iterations",
-    "sync_every_seconds",
-    "ode_steps",
-    "time_distribution",
-    "threads",
-    "compile",
-    "resume",
-    "tensorboard",
-    "mlflow",
-    "wait",
-)
 
 
 def training_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
