@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.time_to_quality.tasks import TASKS
-from trainer.training.recipes import DROP_AT, PICK_AT, RECIPES
+from trainer.settings.recipes import RECIPES
+from trainer.training.recipes import DROP_AT, PICK_AT
 
 Row = Mapping[str, Any]
 

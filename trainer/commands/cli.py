@@ -159,8 +159,6 @@ def training_options(func: Any, *, live: bool = True) -> Any:
     return func
 
 
-
-
 def training_overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The shared training options out of a command's keyword arguments (None: not given)."""
     return {k: kwargs.pop(k) for k in _TRAINING_KEYS if k in kwargs}

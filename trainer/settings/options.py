@@ -36,6 +36,7 @@ from typing import Any
 
 from trainer.errors import LaunchError
 from trainer.settings.environment import ENV_PREFIX, NOT_OPTIONS
+from trainer.settings.recipes import RECIPES
 from trainer.settings.time_density import TimeDensity
 from trainer.settings.timeouts import DEFAULT_CONFIG_WAIT_S, DEFAULT_WAIT_S
 from trainer.system.console import warn as console_warn
@@ -108,6 +109,8 @@ def _between(low: float, high: float) -> Callable[[Any], bool]:
 
 _DEVICE = re.compile(r"^(|cpu|gpu|cuda|cuda:\d+)$", re.IGNORECASE)
 
+RECIPE_NAMES = tuple(recipe.name for recipe in RECIPES)
+
 MAX_THREADS = 1024
 """Largest ``threads`` option: more than the largest machines' cores (2 x 192 with SMT is 768). torch hands
 the count to OpenMP unchecked, and OpenMP crashed the process (exit 139) when it could not start 100,000
@@ -133,7 +136,7 @@ class TrainerOptions:
     )
     """One plain progress line on stdout at this period (the engine copies stdout into its log)."""
     time_distribution: TimeDensity = _option(  # noqa: RUF009  (a frozen value, shared safely)
-        TimeDensity.parse("logit_normal:0,1"),
+        RECIPES[0].time_distribution,  # the standard recipe's (trainer/settings/recipes.py)
         "uniform, beta:A,B (A, B > 0), logit_normal or logit_normal:LOC,SCALE (SCALE > 0), or power:K (K > 0)",
     )
     """Training-time distribution of t: uniform | beta:a,b | logit_normal:m,s | power:k, parsed once
@@ -182,8 +185,8 @@ class TrainerOptions:
     each iteration trains BatchSize x draws_per_row samples of BatchSize rows (1: one independent draw)."""
     recipe: str = _option(
         "auto",
-        "auto, standard, sharp or smooth",
-        lambda v: v in ("auto", "standard", "sharp", "smooth"),
+        "auto, " + ", ".join(RECIPE_NAMES[:-1]) + " or " + RECIPE_NAMES[-1],
+        lambda v: v == "auto" or v in RECIPE_NAMES,
         normalize=lambda s: s.strip().lower(),
     )
     """The training recipe (time density and late source spread, trainer/training/recipes.py): auto tries

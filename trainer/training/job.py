@@ -25,6 +25,7 @@ from protocol.snapshot import Snapshot
 from trainer import __version__
 from trainer.errors import BadData, Diverged
 from trainer.settings.options import TrainerOptions
+from trainer.settings.recipes import RECIPES, Recipe, recipe_named
 from trainer.system.console import log
 from trainer.system.diskspace import OptionalWrite
 from trainer.training.checkpoint import (
@@ -42,14 +43,11 @@ from trainer.training.heldout import DEFAULT_ODE_STEPS, EpisodeSplit, HeldOutEva
 from trainer.training.model import FlowModel, ModelSettings
 from trainer.training.recipes import (
     MIN_ITERATIONS,
-    RECIPES,
     Lane,
-    Recipe,
     RecipeLook,
     RecipePilot,
     fixed_by_user,
     pilot_plan,
-    recipe_named,
 )
 from trainer.training.steps import GradientAveraging, Phase, StepInputs, TrainingStep, choose_step
 from trainer.training.steps.autograd import BatchSampler, make_optimizer, set_learning_rate

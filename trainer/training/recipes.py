@@ -40,7 +40,7 @@ import torch
 
 from trainer.errors import Diverged
 from trainer.settings.options import TrainerOptions
-from trainer.settings.time_density import TimeDensity
+from trainer.settings.recipes import RECIPES, Recipe, recipe_named
 from trainer.training.flow import TimeDistribution
 from trainer.training.heldout import HeldOutEvaluator, Selection
 from trainer.training.model import FlowModel
@@ -52,14 +52,11 @@ __all__ = [
     "DROP_AT",
     "MIN_ITERATIONS",
     "PICK_AT",
-    "RECIPES",
     "Lane",
-    "Recipe",
     "RecipeLook",
     "RecipePilot",
     "fixed_by_user",
     "pilot_plan",
-    "recipe_named",
 ]
 
 DROP_AT = 250
@@ -70,45 +67,6 @@ MIN_ITERATIONS = 3000
 """Shortest run that pilots: shorter, the pilot's 1,250 extra candidate steps would be more than a third of
 the run's own, and a run that short is a test, not a policy."""
 
-
-@dataclass(frozen=True, slots=True)
-class Recipe:
-    """A time density for ``t`` and the late-time source spread (:func:`trainer.training.flow.source_spread`,
-    from the ``spread_start`` option on)."""
-
-    name: str
-    time_distribution: TimeDensity
-    spread_gain: float
-    summary: str
-
-    def describe(self) -> str:
-        spread = f", spread_gain {self.spread_gain:g}" if self.spread_gain else ""
-        return f"{self.name} (time_distribution {self.time_distribution}{spread})"
-
-
-RECIPES: tuple[Recipe, ...] = (
-    Recipe(
-        "standard",
-        TimeDensity.parse("logit_normal:0,1"),
-        0.0,
-        "the time density of the engine's examples' successors; the default of earlier versions",
-    ),
-    Recipe(
-        "sharp",
-        TimeDensity.parse("logit_normal:0.5,1"),
-        6.0,
-        "late times and a wide late source: separates nearby modes of a low-dimensional action",
-    ),
-    Recipe(
-        "smooth",
-        TimeDensity.parse("logit_normal:-0.5,1"),
-        2.0,
-        "early times and a mild late spread: keeps the spread of many-dimensional, many-step demonstrations",
-    ),
-)
-"""The candidates, ``standard`` first (the run's own random stream). Chosen from 13 recipes measured on
-B1-B4, the demo and a four-mode task (benchmarks/results/selection/): the fewest that contain, for each
-task, one within 0.01 of the best of all 13."""
 
 _KNOBS = ("time_distribution", "spread_start", "spread_gain", "draws_per_row")
 """Options a recipe sets or depends on: when a user changed one, the user's recipe is kept."""
@@ -124,14 +82,6 @@ def pilot_plan() -> str:
         f"training {names} side by side; the lowest held-out selection score stops at iteration {DROP_AT}, "
         f"the best at iteration {PICK_AT} trains on (option recipe; trainer/training/recipes.py)"
     )
-
-
-def recipe_named(name: str) -> Recipe:
-    """The recipe called ``name`` (one of :data:`RECIPES`)."""
-    for recipe in RECIPES:
-        if recipe.name == name:
-            return recipe
-    raise KeyError(name)
 
 
 def fixed_by_user(options: TrainerOptions) -> list[str]:
