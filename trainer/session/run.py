@@ -536,6 +536,8 @@ class _Behind:
 def _show_recipe(job: TrainingJob, runlog: RunLog, reporter: ProgressReporter) -> None:
     """The recipe (:mod:`trainer.training.recipes`) in the status file and the run record: at the start,
     and after each of the pilot's looks (written once each)."""
+    from trainer.training.recipes import pilot_plan
+
     summary = job.recipe_record()
     looks = job.take_recipe_looks()
     if not looks:
@@ -545,10 +547,7 @@ def _show_recipe(job: TrainingJob, runlog: RunLog, reporter: ProgressReporter) -
     name = summary["name"]
     pilot = job.pilot is not None and job.pilot.active
     if pilot:
-        note = (
-            looks[-1].describe() if looks else "standard, sharp and smooth side by side until iteration 1000"
-        )
-        reporter.recipe(f"{name} (pilot)", note)
+        reporter.recipe(f"{name} (pilot)", looks[-1].describe() if looks else pilot_plan())
     else:
         reporter.recipe(name, looks[-1].describe() if looks else job.recipe_why)
 

@@ -51,7 +51,7 @@ from trainer.training.recipes import (
 )
 from trainer.training.steps import GradientAveraging, Phase, StepInputs, TrainingStep, choose_step
 from trainer.training.steps.autograd import BatchSampler, make_optimizer, set_learning_rate
-from trainer.training.steps.base import LOSS_SMOOTHING, DeferredStep
+from trainer.training.steps.base import LOSS_SMOOTHING, DeferredStep, smoothed
 from trainer.training.steps.distill import RECOMMENDED_ITERATIONS, DistillSettings, distill_iterations
 
 __all__ = ["LOSS_SMOOTHING", "TrainingJob"]
@@ -380,7 +380,7 @@ class TrainingJob:
                 if lane.recipe is not self.recipe:
                     self._install(lane)
                 if look.final:
-                    self.recipe_why = look.describe().split(" by ", 1)[1]
+                    self.recipe_why = look.why()
                 self.recipe_looks.append(look)
                 log(f"la-trainer: {look.describe()}")
 
@@ -402,11 +402,7 @@ class TrainingJob:
             self.unread += 1
             return
         assert self.training_step is not None
-        metrics = self.training_step.step(iteration)
-        if math.isnan(self.smoothed_loss):
-            self.smoothed_loss = metrics.loss
-        else:
-            self.smoothed_loss = LOSS_SMOOTHING * self.smoothed_loss + (1 - LOSS_SMOOTHING) * metrics.loss
+        self.smoothed_loss = smoothed(self.smoothed_loss, self.training_step.step(iteration).loss)
 
     def settle(self) -> float:
         """Read what the launched steps left on the device (one host read; none when nothing is unread):

@@ -46,7 +46,7 @@ from trainer.training.heldout import HeldOutEvaluator, Selection
 from trainer.training.model import FlowModel
 from trainer.training.steps import Phase, StepInputs, TrainingStep, choose_step
 from trainer.training.steps.autograd import BatchSampler, make_optimizer
-from trainer.training.steps.base import LOSS_SMOOTHING, DeferredStep
+from trainer.training.steps.base import DeferredStep, smoothed
 
 __all__ = [
     "DROP_AT",
@@ -133,16 +133,22 @@ class RecipeLook:
     def tracker_values(self) -> dict[str, float]:
         return {f"recipe/{name}/selection": score.score for name, score in self.scores.items()}
 
-    def describe(self) -> str:
+    def _ranked(self) -> str:
         ranked = sorted(self.scores.items(), key=lambda item: -item[1].score)
-        shown = ", ".join(f"{name} {score.score:.3f}" for name, score in ranked)
+        return ", ".join(f"{name} {score.score:.3f}" for name, score in ranked)
+
+    def why(self) -> str:
+        """Why the pick kept its recipe: each live candidate's score, best first."""
+        return f"the held-out selection score ({self._ranked()})"
+
+    def describe(self) -> str:
         if self.final:
             return (
                 f"recipe: {recipe_named(self.leader).describe()} chosen at iteration {self.iteration} "
-                f"by the held-out selection score ({shown})"
+                f"by {self.why()}"
             )
         return (
-            f"recipe pilot: iteration {self.iteration}: selection score {shown}; "
+            f"recipe pilot: iteration {self.iteration}: selection score {self._ranked()}; "
             f"{', '.join(self.stopped)} stopped, {self.leader} leads"
         )
 
@@ -154,6 +160,8 @@ class RecipePilot:
 
     others: list[Lane]
     leader: Recipe
+    inputs: Callable[[Lane], StepInputs]
+    """A candidate's step inputs (the job's settings with the candidate's training state)."""
     looks: list[RecipeLook] = field(default_factory=list)
     done: bool = False
 
@@ -187,11 +195,7 @@ class RecipePilot:
                 time_distribution=TimeDistribution.of(recipe.time_distribution),
             )
             others.append(lane)
-        pilot = cls(others=others, leader=own.recipe)
-        pilot._inputs = inputs
-        return pilot
-
-    _inputs: Callable[[Lane], StepInputs] | None = field(default=None, init=False, repr=False)
+        return cls(others=others, leader=own.recipe, inputs=inputs)
 
     @property
     def active(self) -> bool:
@@ -201,11 +205,10 @@ class RecipePilot:
         """One step of every other live candidate, without a host read where the step leaves its numbers
         on the device (read at the next look, :meth:`settle_others`); returns the names of those found
         diverged (stopped)."""
-        assert self._inputs is not None
         diverged = []
         for lane in list(self.others):
             if lane.training_step is None:
-                lane.training_step = choose_step(Phase.FLOW_MATCHING, self._inputs(lane), iteration)
+                lane.training_step = choose_step(Phase.FLOW_MATCHING, self.inputs(lane), iteration)
                 lane.phase = Phase.FLOW_MATCHING
             step = lane.training_step
             try:
@@ -218,10 +221,7 @@ class RecipePilot:
                 self.others.remove(lane)
                 diverged.append(lane.recipe.name)
                 continue
-            smoothed = lane.smoothed_loss
-            lane.smoothed_loss = (
-                loss if math.isnan(smoothed) else LOSS_SMOOTHING * smoothed + (1 - LOSS_SMOOTHING) * loss
-            )
+            lane.smoothed_loss = smoothed(lane.smoothed_loss, loss)
         return diverged
 
     def settle_others(self) -> list[str]:

@@ -9,16 +9,31 @@ each of them can import this module.
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from torch import Tensor
 
-__all__ = ["LOSS_SMOOTHING", "DeferredStep", "GradientAveraging", "Phase", "StepMetrics", "TrainingStep"]
+__all__ = [
+    "LOSS_SMOOTHING",
+    "DeferredStep",
+    "GradientAveraging",
+    "Phase",
+    "StepMetrics",
+    "TrainingStep",
+    "smoothed",
+]
 
 LOSS_SMOOTHING = 0.98
 """Exponential smoothing of the logged loss (the raw per-batch loss is noisy): each step moves the
 smoothed value by ``1 - LOSS_SMOOTHING`` of the way to its own loss."""
+
+
+def smoothed(previous: float, loss: float) -> float:
+    """The logged loss after a step whose loss is ``loss`` (on the host): the first step's own (``previous``
+    NaN), then :data:`LOSS_SMOOTHING` of ``previous``. The fused step does the same on the device."""
+    return loss if math.isnan(previous) else LOSS_SMOOTHING * previous + (1 - LOSS_SMOOTHING) * loss
 
 
 class StepMetrics(NamedTuple):
