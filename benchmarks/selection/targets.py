@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.time_to_quality.run import held_from
 from benchmarks.time_to_quality.tasks import TASKS
 from trainer.settings.recipes import RECIPES
 from trainer.training.recipes import DROP_AT, PICK_AT
@@ -41,20 +42,9 @@ def load(paths: Iterable[Path]) -> list[Row]:
     return rows
 
 
-def _meets(task: str, metrics: Mapping[str, float]) -> bool:
-    return all(metrics.get(t.metric, -math.inf) >= t.value for t in TASKS[task].targets)
-
-
 def hold(row: Row, budget: int) -> tuple[int | None, float | None]:
     """(iteration, seconds) from which the targets hold to ``budget``; (None, None) when they do not."""
-    held: Mapping[str, Any] | None = None
-    for evaluation in row["evals"]:
-        if evaluation["it"] > budget:
-            break
-        if _meets(row["task"], evaluation["metrics"]):
-            held = held or evaluation
-        else:
-            held = None
+    held = held_from(TASKS[row["task"]], [e for e in row["evals"] if e["it"] <= budget])
     if held is None:
         return None, None
     return int(held["it"]), float(held["train_s"])
