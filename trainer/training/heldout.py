@@ -358,10 +358,7 @@ class HeldOutEvaluator:
         loss_t = time_distribution.sample(loss_rows.numel(), generator, "cpu")
         loss_x0 = torch.randn((loss_rows.numel(), width), generator=generator)
         sample_x0 = torch.randn((sample_rows.numel() * SAMPLES_PER_ROW, width), generator=generator)
-        x1 = tensors.x1[sample_rows.to(tensors.x1.device)].cpu().double()
-        demonstrated = x1 * model.decoder_scale.cpu().double() + model.decoder_shift.cpu().double()
-        std = demonstrated.std(dim=0, unbiased=False)
-        scale = torch.where(std < MIN_STD, torch.ones_like(std), std)
+        demonstrated, scale = _demonstrated(model, tensors.x1[sample_rows.to(tensors.x1.device)])
         neighbours = _neighbours(tensors.obs[sample_rows.to(tensors.obs.device)])
         on = tensors.obs.device
         # The selection's draws: a generator of their own, seeded by the Seed only (module docstring).
@@ -369,10 +366,7 @@ class HeldOutEvaluator:
         selecting.manual_seed(seed + _SELECTION_STREAM)
         select_rows = _subset(n, SELECTION_ROWS, selecting)
         select_x0 = torch.randn((select_rows.numel() * SELECTION_SAMPLES, width), generator=selecting)
-        select_x1 = tensors.x1[select_rows.to(tensors.x1.device)].cpu().double()
-        select_raw = select_x1 * model.decoder_scale.cpu().double() + model.decoder_shift.cpu().double()
-        select_std = select_raw.std(dim=0, unbiased=False)
-        select_scale = torch.where(select_std < MIN_STD, torch.ones_like(select_std), select_std)
+        select_raw, select_scale = _demonstrated(model, tensors.x1[select_rows.to(tensors.x1.device)])
         select_obs = tensors.obs[select_rows.to(on)]
         return cls(
             episodes=episodes,
@@ -520,6 +514,14 @@ class HeldOutEvaluator:
 def _rounded(values: Tensor) -> list[list[float]]:
     """Rows of a (n, 2) tensor as lists of 5-significant-digit floats (a small JSON file)."""
     return [[float(f"{v:.5g}") for v in row] for row in values.tolist()]
+
+
+def _demonstrated(model: Any, x1: Tensor) -> tuple[Tensor, Tensor]:
+    """Demonstrated chunks ``x1`` (decoder-input space) in raw units, float64 on the CPU, and their std
+    per dimension (below MIN_STD: 1), the unit every sample-based distance is measured in."""
+    raw = x1.cpu().double() * model.decoder_scale.cpu().double() + model.decoder_shift.cpu().double()
+    std = raw.std(dim=0, unbiased=False)
+    return raw, torch.where(std < MIN_STD, torch.ones_like(std), std)
 
 
 def _neighbours(obs: Tensor) -> Tensor:
