@@ -287,11 +287,8 @@ class TrainingJob:
     def _lane(self) -> Lane:
         """The job's own training state as a pilot candidate."""
         assert self.recipe is not None
-        return self._lane_of_fields()
-
-    def _lane_of_fields(self) -> Lane:
         return Lane(
-            recipe=self.recipe or RECIPES[0],
+            recipe=self.recipe,
             model=self.model,
             optimizer=self.optimizer,
             sampler=self.sampler,
@@ -436,7 +433,7 @@ class TrainingJob:
 
     def _step_inputs(self, lane: Lane | None = None) -> StepInputs:
         """The inputs of a step of the job's own training state, or of a pilot candidate's ``lane``."""
-        own = lane or self._lane_of_fields()
+        own: Lane | TrainingJob = self if lane is None else lane
         training = self.config.trainer.training
         return StepInputs(
             model=own.model,
